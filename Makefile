@@ -1,0 +1,49 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+# Everything is installed into .venv (the project) and .venv-protoc (the pinned code generator).
+
+PYTHON      ?= python3
+VENV        := .venv
+BIN         := $(VENV)/bin
+INSTALLED   := $(VENV)/.installed
+PROTOC_VENV := .venv-protoc
+PROTOC_PY   := $(PROTOC_VENV)/bin/python
+# protoc 25 (grpcio-tools 1.62) writes protobuf-4.25 gencode, which protobuf runtimes 4.25 .. 7.x
+# all import; newer generators stamp a minimum runtime that older GPU images may not have.
+GRPCIO_TOOLS := grpcio-tools==1.62.3
+PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
+PORT        ?= 50052
+SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test protos check-protos redis-server clean bench
+
+$(INSTALLED): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+$(PROTOC_PY):
+	$(PYTHON) -m venv $(PROTOC_VENV)
+	$(PROTOC_VENV)/bin/pip install --quiet --disable-pip-version-check '$(GRPCIO_TOOLS)'
+
+# Regenerates the checked-in stubs under pagedserve/ from protos/ (never edit them by hand).
+protos: $(PROTOC_PY)
+	$(PROTOC_PY) scripts/gen_protos.py
+
+check-protos: $(PROTOC_PY)
+	$(PROTOC_PY) scripts/gen_protos.py --check
+
+redis-server:
+	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+
+test: $(INSTALLED) $(PROTOC_PY) redis-server
+	PROTOC_PYTHON=$(CURDIR)/$(PROTOC_PY) $(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Starts the allocator on loopback, shows `pagedctl stats` against it, serves until Ctrl-C.
+run: $(INSTALLED)
+	$(BIN)/python -m pagedserve.cli.demo --port $(PORT)
+
+bench: $(INSTALLED)
+	$(BIN)/python bench/allocator_bench.py
+
+clean:
+	rm -rf $(VENV) $(PROTOC_VENV)

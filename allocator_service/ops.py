@@ -1,0 +1,81 @@
+"""The block operations of a Step and their results, as plain domain objects."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from allocator_service.block import SeqId
+
+
+@dataclass(slots=True, frozen=True)
+class AllocateOp:
+    seq_id: SeqId
+    token_ids: tuple[int, ...]
+    cache_salt: str = ""
+    lookahead_slots: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class AppendOp:
+    seq_id: SeqId
+    token_ids: tuple[int, ...] = ()
+    lookahead_slots: int = 0
+    # 0 leaves the computed mark where it is.
+    num_computed_tokens: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class ForkOp:
+    parent_seq_id: SeqId
+    child_seq_id: SeqId
+
+
+@dataclass(slots=True, frozen=True)
+class FreeOp:
+    seq_id: SeqId
+
+
+BlockOp = AllocateOp | AppendOp | ForkOp | FreeOp
+
+
+class OpStatus(enum.IntEnum):
+    """Per-op outcome; the values are those of the proto enum OpStatus."""
+    OK = 0
+    OUT_OF_BLOCKS = 1
+    NOT_FOUND = 2
+    ALREADY_EXISTS = 3
+    TOO_LARGE = 4
+
+
+@dataclass(slots=True, frozen=True)
+class Allocation:
+    block_table: list[int]
+    num_cached_tokens: int
+
+
+@dataclass(slots=True, frozen=True)
+class Growth:
+    """What an Append changed in the block table."""
+    new_blocks: list[int]
+    # (src, dst): copy src's K/V into dst before computing; dst replaced src in the table.
+    copies: list[tuple[int, int]]
+    # Logical index of the first table entry that changed, -1 when none did.
+    first_changed_index: int
+
+
+@dataclass(slots=True)
+class OpResult:
+    status: OpStatus = OpStatus.OK
+    message: str = ""
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    new_blocks: list[int] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    first_changed_index: int = -1
+
+
+@dataclass(slots=True)
+class StepResult:
+    results: list[OpResult]
+    num_free_blocks: int
+    replayed: bool = False
