@@ -157,8 +157,7 @@ class Allocator:
                                      op.num_computed_tokens)
                 if growth is None:
                     return _out_of_blocks(pool)
-                return OpResult(new_blocks=growth.new_blocks, copies=growth.copies,
-                                first_changed_index=growth.first_changed_index)
+                return OpResult(new_blocks=growth.new_blocks, copies=growth.copies)
             if isinstance(op, AllocateOp):
                 allocation = pool.allocate(op.seq_id, op.token_ids, op.cache_salt,
                                            op.lookahead_slots)

@@ -150,7 +150,6 @@ class ExecutorPool:
         if grow + copy > self.num_free_blocks:
             return None
         copies: list[tuple[int, int]] = []
-        first_changed = -1
         if copy:
             index = seq.num_tokens // self.block_size
             shared = seq.block_table[index]
@@ -158,16 +157,13 @@ class ExecutorPool:
             self.blocks.release([shared])
             seq.block_table[index] = private
             copies.append((shared.block_id, private.block_id))
-            first_changed = index
         new_blocks = self.blocks.take(grow)
-        if new_blocks and first_changed < 0:
-            first_changed = len(seq.block_table)
         seq.block_table.extend(new_blocks)
         seq.token_ids.extend(token_ids)
         if num_computed_tokens > seq.num_computed_tokens:
             seq.num_computed_tokens = min(num_computed_tokens, seq.num_tokens)
             self._cache_computed_blocks(seq)
-        return Growth([block.block_id for block in new_blocks], copies, first_changed)
+        return Growth([block.block_id for block in new_blocks], copies)
 
     def _cache_computed_blocks(self, seq: Sequence) -> None:
         """Hashes every full block below the computed mark, in order, into the prefix cache."""

@@ -59,8 +59,6 @@ class Growth:
     new_blocks: list[int]
     # (src, dst): copy src's K/V into dst before computing; dst replaced src in the table.
     copies: list[tuple[int, int]]
-    # Logical index of the first table entry that changed, -1 when none did.
-    first_changed_index: int
 
 
 @dataclass(slots=True)
@@ -71,7 +69,6 @@ class OpResult:
     num_cached_tokens: int = 0
     new_blocks: list[int] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
-    first_changed_index: int = -1
 
 
 @dataclass(slots=True)

@@ -141,22 +141,20 @@ class BlockCopy(_message.Message):
     def __init__(self, src_block: _Optional[int] = ..., dst_block: _Optional[int] = ...) -> None: ...
 
 class OpResult(_message.Message):
-    __slots__ = ("status", "message", "block_table", "num_cached_tokens", "new_blocks", "copies", "first_changed_index")
+    __slots__ = ("status", "message", "block_table", "num_cached_tokens", "new_blocks", "copies")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
-    FIRST_CHANGED_INDEX_FIELD_NUMBER: _ClassVar[int]
     status: OpStatus
     message: str
     block_table: _containers.RepeatedScalarFieldContainer[int]
     num_cached_tokens: int
     new_blocks: _containers.RepeatedScalarFieldContainer[int]
     copies: _containers.RepeatedCompositeFieldContainer[BlockCopy]
-    first_changed_index: int
-    def __init__(self, status: _Optional[_Union[OpStatus, str]] = ..., message: _Optional[str] = ..., block_table: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[int] = ..., new_blocks: _Optional[_Iterable[int]] = ..., copies: _Optional[_Iterable[_Union[BlockCopy, _Mapping]]] = ..., first_changed_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[OpStatus, str]] = ..., message: _Optional[str] = ..., block_table: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[int] = ..., new_blocks: _Optional[_Iterable[int]] = ..., copies: _Optional[_Iterable[_Union[BlockCopy, _Mapping]]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("results", "replayed", "num_free_blocks")

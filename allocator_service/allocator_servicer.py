@@ -1,0 +1,59 @@
+"""The Allocator gRPC service: converts proto <-> domain and calls the core under its lock."""
+from __future__ import annotations
+
+import threading
+from hashlib import blake2b
+
+import grpc
+
+from allocator_service import convert
+from allocator_service.allocator import Allocator
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
+from pagedserve.common.errors import InvalidArgument
+
+
+class AllocatorServicer(pb_grpc.AllocatorServicer):
+    def __init__(self, core: Allocator, lock: threading.Lock) -> None:
+        self.core = core
+        self.lock = lock
+
+    def RegisterExecutor(self, request: pb.RegisterExecutorRequest,
+                         context: grpc.ServicerContext) -> pb.RegisterExecutorResponse:
+        with self.lock:
+            executor = self.core.register_executor(
+                request.executor_id, request.address, request.num_blocks, request.block_size,
+                request.model_fingerprint)
+        return pb.RegisterExecutorResponse(epoch=executor.epoch,
+                                           lease_ttl_s=self.core.lease_ttl_s)
+
+    def Heartbeat(self, request: pb.HeartbeatRequest,
+                  context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        if request.num_waiting < 0 or request.num_running < 0:
+            raise InvalidArgument("num_waiting and num_running must not be negative")
+        with self.lock:
+            self.core.heartbeat(request.executor_id, request.epoch, request.num_waiting,
+                                request.num_running)
+        return pb.HeartbeatResponse(lease_ttl_s=self.core.lease_ttl_s)
+
+    def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
+        ops = convert.ops_from_proto(request.ops)
+        # Retries are recognised by the bytes of their ops, so a replay with other ops is caught.
+        digest = blake2b(b"".join(op.SerializeToString(deterministic=True) for op in request.ops),
+                         digest_size=16).digest()
+        with self.lock:
+            result = self.core.step(request.executor_id, request.epoch, request.step_id, ops,
+                                    digest)
+        return convert.step_response(result)
+
+    def MatchPrefix(self, request: pb.MatchPrefixRequest,
+                    context: grpc.ServicerContext) -> pb.MatchPrefixResponse:
+        if not request.token_ids:
+            raise InvalidArgument("token_ids is empty; send the prompt's token ids")
+        if min(request.token_ids) < 0:
+            raise InvalidArgument("token ids must not be negative")
+        token_ids = tuple(request.token_ids)
+        with self.lock:
+            matches = self.core.match_prefix(token_ids, request.cache_salt)
+        return pb.MatchPrefixResponse(
+            executors=[convert.prefix_match_to_proto(match) for match in matches])

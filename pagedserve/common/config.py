@@ -1,0 +1,43 @@
+"""Flags that fall back to environment variables, so compose files and shells configure alike."""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from pagedserve.common.server import ServerOptions
+
+
+def env_or(name: str, default: Any) -> Any:
+    """The environment's value for `name` (converted to default's type), else default."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return type(default)(raw) if default is not None else raw
+
+
+def add_server_flags(parser: argparse.ArgumentParser, prefix: str, default_port: int) -> None:
+    """Flags every service shares: where to listen, auth, TLS, workers, logging."""
+    parser.add_argument("--host", default=env_or(f"{prefix}_HOST", "127.0.0.1"),
+                        help=f"interface to listen on (env {prefix}_HOST)")
+    parser.add_argument("--port", type=int, default=env_or(f"{prefix}_PORT", default_port),
+                        help=f"port to listen on, 0 picks a free one (env {prefix}_PORT)")
+    parser.add_argument("--auth-token", default=env_or("PAGEDSERVE_AUTH_TOKEN", ""),
+                        help="bearer token every non-health call must carry "
+                             "(env PAGEDSERVE_AUTH_TOKEN)")
+    parser.add_argument("--tls-cert", default=env_or(f"{prefix}_TLS_CERT", ""),
+                        help="PEM certificate chain; serves TLS together with --tls-key")
+    parser.add_argument("--tls-key", default=env_or(f"{prefix}_TLS_KEY", ""),
+                        help="PEM private key for --tls-cert")
+    parser.add_argument("--max-workers", type=int, default=env_or(f"{prefix}_MAX_WORKERS", 16),
+                        help="threads serving RPCs")
+    parser.add_argument("--log-level", default=env_or(f"{prefix}_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    if args.max_workers < 1:
+        raise SystemExit("--max-workers must be at least 1")
+    return ServerOptions(host=args.host, port=args.port, auth_token=args.auth_token,
+                         tls_cert=args.tls_cert, tls_key=args.tls_key,
+                         max_workers=args.max_workers)

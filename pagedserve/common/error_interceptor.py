@@ -1,0 +1,81 @@
+"""Maps domain exceptions to gRPC status codes, in one place per service, for every call kind.
+
+A caller's mistake becomes its status code with the exception's message; anything else is a bug
+and becomes INTERNAL with a request id to find the traceback in the log, never UNKNOWN with a
+traceback in the client's face. It also sets the request id that every log line carries.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from pagedserve.common import errors
+from pagedserve.common.logs import request_id
+from pagedserve.common.method_handlers import Behaviour, wrap_handler
+
+log = logging.getLogger(__name__)
+
+STATUS_OF: dict[type[errors.PagedServeError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_of(error: errors.PagedServeError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
+                          details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = continuation(details)
+        if handler is None:
+            return None
+        incoming = dict(details.invocation_metadata or ())
+        call_id = str(incoming.get("x-request-id") or uuid.uuid4().hex[:12])
+
+        def wrap(behaviour: Behaviour, streams_response: bool) -> Behaviour:
+            def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+                token = request_id.set(call_id)
+                try:
+                    return behaviour(request, context)
+                except Exception as error:  # noqa: BLE001 - this is the one place that maps them
+                    _abort(context, error, details.method, call_id)
+                finally:
+                    request_id.reset(token)
+
+            def guarded_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                token = request_id.set(call_id)
+                try:
+                    yield from behaviour(request, context)
+                except Exception as error:  # noqa: BLE001
+                    _abort(context, error, details.method, call_id)
+                finally:
+                    request_id.reset(token)
+
+            return guarded_stream if streams_response else guarded
+
+        return wrap_handler(handler, wrap)
+
+
+def _abort(context: grpc.ServicerContext, error: Exception, method: str, call_id: str) -> None:
+    if isinstance(error, errors.PagedServeError):
+        context.abort(status_of(error), str(error))
+    # The servicer aborted the call itself: grpc signals that with a bare Exception().
+    if type(error) is Exception and not error.args:
+        raise error
+    log.exception("%s failed with an unexpected error", method)
+    context.abort(grpc.StatusCode.INTERNAL,
+                  f"internal error in {method} (request id {call_id}); see the server log")

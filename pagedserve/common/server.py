@@ -1,0 +1,110 @@
+"""Server bootstrap shared by every service: interceptors, health, reflection, TLS, shutdown.
+
+Lifecycle, in order:
+    start()            health NOT_SERVING while the service warms up
+    set_serving(True)  once the core is ready
+    SIGTERM / SIGINT   health NOT_SERVING → server.stop(grace) → the service's own shutdown
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pagedserve.common.auth import BearerTokenInterceptor
+from pagedserve.common.error_interceptor import ErrorInterceptor
+
+log = logging.getLogger(__name__)
+
+# Messages up to 64 MiB: a Step of many long prompts is large, but never unbounded.
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+@dataclass(slots=True, frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 0
+    auth_token: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    max_workers: int = 16
+    grace_s: float = 5.0
+
+
+class GrpcService:
+    def __init__(self, options: ServerOptions, service_names: Sequence[str],
+                 add_servicers: Callable[[grpc.Server], None]) -> None:
+        self.options = options
+        self.service_names = list(service_names)
+        interceptors: list[grpc.ServerInterceptor] = [ErrorInterceptor()]
+        if options.auth_token:
+            interceptors.append(BearerTokenInterceptor(options.auth_token))
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=options.max_workers),
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.so_reuseport", 0)])
+        add_servicers(self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.port = self._bind()
+        self.set_serving(False)
+        self._stopped = threading.Event()
+
+    def _bind(self) -> int:
+        address = f"{self.options.host}:{self.options.port}"
+        if self.options.tls_cert or self.options.tls_key:
+            if not (self.options.tls_cert and self.options.tls_key):
+                raise SystemExit("TLS needs both --tls-cert and --tls-key")
+            credentials = grpc.ssl_server_credentials([(
+                Path(self.options.tls_key).read_bytes(), Path(self.options.tls_cert).read_bytes())])
+            port = self.server.add_secure_port(address, credentials)
+        else:
+            port = self.server.add_insecure_port(address)
+        if port == 0:
+            raise SystemExit(f"cannot listen on {address} (in use, or no such interface)")
+        return port
+
+    def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", *self.service_names):
+            self.health.set(name, status)
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        """Graceful: stop advertising, let calls in flight finish within the grace period."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.set_serving(False)
+        self.server.stop(self.options.grace_s).wait()
+
+    def run_until_signal(self, on_shutdown: Callable[[], None] = lambda: None) -> None:
+        """Blocks until SIGTERM or SIGINT, then shuts down in order."""
+        requested = threading.Event()
+
+        def request_stop(signum: int, _frame: object) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            requested.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        while not requested.wait(0.5):
+            pass
+        self.stop()
+        on_shutdown()
+        log.info("stopped")
