@@ -38,9 +38,9 @@ redis-server:
 test: $(INSTALLED) $(PROTOC_PY) redis-server
 	PROTOC_PYTHON=$(CURDIR)/$(PROTOC_PY) $(BIN)/python -m pytest -q -p no:cacheprovider
 
-# Starts the allocator on loopback, shows `pagedctl stats` against it, serves until Ctrl-C.
+# Starts the stack on loopback (today: the allocator), shows `pagedctl stats`, serves until Ctrl-C.
 run: $(INSTALLED)
-	$(BIN)/python -m pagedserve.cli.demo --port $(PORT)
+	$(BIN)/pagedserve up --allocator-port $(PORT)
 
 bench: $(INSTALLED)
 	$(BIN)/python bench/allocator_bench.py

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def show_stats(response: pb.GetStatsResponse) -> str:
+    if not response.pools:
+        return "no executor has registered a pool yet"
     rows = [[p.executor_id, p.num_blocks, p.num_used_blocks, p.num_cached_free_blocks,
              p.num_free_blocks, p.usage_percent, p.prefix_hit_rate * 100, p.tokens_stored,
              p.slots_allocated, p.num_sequences]
