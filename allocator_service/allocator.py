@@ -140,9 +140,10 @@ class Allocator:
         recorded = executor.step_log.get(step_id)
         if recorded is None:
             raise StepIdTooOld(
-                f"step_id {step_id} of executor {executor.executor_id!r} is older than the "
-                f"{self.step_log_size} steps whose results are kept (last applied: "
-                f"{executor.last_step_id}); step ids must increase")
+                f"step_id {step_id} of executor {executor.executor_id!r} is not above the last "
+                f"applied step id {executor.last_step_id} and no result is recorded for it "
+                f"(never applied, or older than the {self.step_log_size} kept); new steps need "
+                "increasing ids")
         if recorded.digest != digest:
             raise StepIdReused(
                 f"step_id {step_id} of executor {executor.executor_id!r} was already applied "

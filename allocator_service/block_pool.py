@@ -81,8 +81,9 @@ class BlockPool:
         """Offers a full, computed block to the prefix cache; returns its prefix identity.
 
         If the same prefix is cached in another block already, that entry stays and its
-        identity is returned. If a different prefix owns the hash (a collision), the index is
-        left alone and the chain gets a fresh identity that nothing else can match.
+        identity is returned. If a different, still reachable prefix owns the hash (a
+        collision), the index is left alone and the chain gets a fresh identity that nothing
+        else can match. An unreachable owner (its parent entry is gone) is replaced.
         """
         existing = self.hash_index.get(block_hash)
         if existing is block:
@@ -90,7 +91,12 @@ class BlockPool:
         if existing is not None:
             if existing.parent_key == parent_key and existing.token_ids == token_ids:
                 return existing.node_id
-            return self._new_node_id()
+            if self._reachable(existing):
+                return self._new_node_id()
+            # An entry whose prefix was evicted (or reset) can never be hit again: it only
+            # blocks the hash. Give the hash to the prefix that is being computed now.
+            del self.hash_index[block_hash]
+            existing.forget_prefix()
         block.block_hash = block_hash
         block.parent_hash = parent_hash
         block.token_ids = token_ids
@@ -109,6 +115,17 @@ class BlockPool:
 
     def free_list(self) -> Iterable[Block]:
         return iter(self.free_queue)
+
+    def _reachable(self, block: Block) -> bool:
+        """Whether a lookup from a root can still arrive at this entry: every ancestor entry is
+        still in the index under the identity the entry was chained onto."""
+        while isinstance(block.parent_key, int):
+            assert block.parent_hash is not None
+            parent = self.hash_index.get(block.parent_hash)
+            if parent is None or parent.node_id != block.parent_key:
+                return False
+            block = parent
+        return True
 
     def _evict(self, block: Block) -> None:
         assert block.block_hash is not None

@@ -69,9 +69,14 @@ def _check_id(limits: Limits, name: str, value: str) -> None:
                               f"{limits.max_id_length}")
 
 
+MAX_TOKEN_ID = (1 << 31) - 1  # the proto carries token ids as int32
+
+
 def _check_tokens(token_ids: Sequence[int]) -> None:
     if token_ids and min(token_ids) < 0:
         raise InvalidArgument(f"token ids must not be negative, got {min(token_ids)}")
+    if token_ids and max(token_ids) > MAX_TOKEN_ID:
+        raise InvalidArgument(f"token ids must be at most {MAX_TOKEN_ID}, got {max(token_ids)}")
 
 
 def _check_lookahead(limits: Limits, lookahead_slots: int) -> None:
