@@ -75,16 +75,26 @@ class Allocator:
 
     # -- registration and lease ------------------------------------------------------------
 
-    def register_executor(self, executor_id: str, address: str, num_blocks: int,
-                          block_size: int, model_fingerprint: str) -> RegisteredExecutor:
-        """Creates the executor's pool, or resets it if the executor was registered already
-        (an executor registers when it starts, so its old KV memory is gone)."""
+    def build_pool(self, executor_id: str, address: str, num_blocks: int, block_size: int,
+                   model_fingerprint: str) -> ExecutorPool:
+        """Validates a registration and builds its empty pool without touching any state, so
+        the server can do it outside its lock (about a second per million blocks)."""
         validate_registration(self.limits, executor_id, address, num_blocks, block_size)
+        return ExecutorPool(num_blocks, block_size, model_fingerprint, self.hash_fn)
+
+    def register_executor(self, executor_id: str, address: str, num_blocks: int,
+                          block_size: int, model_fingerprint: str,
+                          pool: ExecutorPool | None = None) -> RegisteredExecutor:
+        """Creates the executor's pool, or resets it if the executor was registered already
+        (an executor registers when it starts, so its old KV memory is gone). `pool` is one
+        made by build_pool for the same arguments."""
+        if pool is None:
+            pool = self.build_pool(executor_id, address, num_blocks, block_size,
+                                   model_fingerprint)
         self._last_epoch += 1
         executor = RegisteredExecutor(
             executor_id=executor_id, address=address, epoch=self._last_epoch,
-            model_fingerprint=model_fingerprint,
-            pool=ExecutorPool(num_blocks, block_size, model_fingerprint, self.hash_fn),
+            model_fingerprint=model_fingerprint, pool=pool,
             lease_expires_at=self.clock() + self.lease_ttl_s)
         self.executors[executor_id] = executor
         return executor

@@ -20,10 +20,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     def RegisterExecutor(self, request: pb.RegisterExecutorRequest,
                          context: grpc.ServicerContext) -> pb.RegisterExecutorResponse:
-        with self.lock:
-            executor = self.core.register_executor(
-                request.executor_id, request.address, request.num_blocks, request.block_size,
+        args = (request.executor_id, request.address, request.num_blocks, request.block_size,
                 request.model_fingerprint)
+        pool = self.core.build_pool(*args)  # slow for big pools: outside the lock
+        with self.lock:
+            executor = self.core.register_executor(*args, pool=pool)
         return pb.RegisterExecutorResponse(epoch=executor.epoch,
                                            lease_ttl_s=self.core.lease_ttl_s)
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 @dataclass(slots=True, frozen=True)
 class Limits:
-    # 2**24 blocks of 16 slots is 268M token slots: past any GPU's KV memory today.
-    max_num_blocks: int = 1 << 24
+    # 2**20 blocks of 16 slots is 16.7M token slots, past a 141 GB GPU's KV cache for any
+    # model of 1B parameters or more; such a pool builds in about a second and 260 MB.
+    max_num_blocks: int = 1 << 20
     max_block_size: int = 4096
     max_ops_per_step: int = 65536
     max_id_length: int = 256

@@ -136,6 +136,16 @@ def run(args: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return response, lambda r: f"dropped {r.num_entries_dropped} prefix-cache entries"
 
 
+def message_to_dict(message: Any) -> dict[str, Any]:
+    """JSON-ready dict that keeps zero-valued fields (a free block has ref_count 0)."""
+    try:
+        return MessageToDict(message, preserving_proto_field_name=True,
+                             always_print_fields_with_no_presence=True)
+    except TypeError:  # protobuf < 5.26 names the option differently
+        return MessageToDict(message, preserving_proto_field_name=True,
+                             including_default_value_fields=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -144,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pagedctl: {error.code().name}: {error.details()}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(MessageToDict(response, preserving_proto_field_name=True), indent=2))
+        print(json.dumps(message_to_dict(response), indent=2))
     else:
         print(show(response))
     if args.command == "audit" and response.violations:

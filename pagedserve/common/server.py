@@ -83,6 +83,15 @@ class GrpcService:
             self.health.set(name, status)
 
     def start(self) -> None:
+        """Starts serving; from here on SIGTERM / SIGINT request a graceful stop."""
+        self._stop_requested = threading.Event()
+
+        def request_stop(signum: int, _frame: object) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            self._stop_requested.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
         self.server.start()
 
     def stop(self) -> None:
@@ -94,16 +103,9 @@ class GrpcService:
         self.server.stop(self.options.grace_s).wait()
 
     def run_until_signal(self, on_shutdown: Callable[[], None] = lambda: None) -> None:
-        """Blocks until SIGTERM or SIGINT, then shuts down in order."""
-        requested = threading.Event()
-
-        def request_stop(signum: int, _frame: object) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            requested.set()
-
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
-        while not requested.wait(0.5):
+        """Blocks until SIGTERM or SIGINT (handlers installed by start()), then shuts down in
+        order."""
+        while not self._stop_requested.wait(0.5):
             pass
         self.stop()
         on_shutdown()

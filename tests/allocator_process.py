@@ -1,0 +1,165 @@
+"""Runs the real allocator as a subprocess on a loopback port, for integration tests and benches.
+
+    with AllocatorProcess("--auth-token", "t") as allocator:
+        stub = AllocatorStub(allocator.channel(token="t"))
+
+It starts `python -m allocator_service --port 0`, reads the bound port from the one stdout line,
+waits for grpc health SERVING, and always stops the process (SIGTERM, then SIGKILL). stdout and
+stderr are drained by background threads, so a chatty server never blocks on a full pipe.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagedserve.common.client import open_channel
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+READY_PREFIX = "allocator listening on "
+
+
+class AllocatorStartError(RuntimeError):
+    """The allocator exited, or did not become ready in time; the message ends with its log."""
+
+
+def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment minus PAGEDSERVE_* (a stray token or port must not leak into a test)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PAGEDSERVE_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class AllocatorProcess:
+    """One allocator subprocess; started by the constructor, stopped by `stop()` or `with`."""
+
+    def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
+                 env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
+        self.args = [sys.executable, "-m", "allocator_service", "--host", "127.0.0.1",
+                     "--port", "0", *extra_args]
+        self._stderr: collections.deque[str] = collections.deque(maxlen=stderr_lines)
+        self._stdout: queue.Queue[str | None] = queue.Queue()
+        self._channels: list[grpc.Channel] = []
+        self.process = subprocess.Popen(
+            self.args, cwd=REPO_ROOT, env=hermetic_env(env), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        assert self.process.stdout is not None and self.process.stderr is not None
+        self._stderr_lock = threading.Lock()
+        self._readers = [
+            threading.Thread(target=self._drain_stdout, args=(self.process.stdout,),
+                             name="allocator-stdout", daemon=True),
+            threading.Thread(target=self._drain_stderr, args=(self.process.stderr,),
+                             name="allocator-stderr", daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+        try:
+            self.target = self._read_target(startup_timeout_s)
+            self.port = int(self.target.rsplit(":", 1)[1])
+            self._wait_serving(startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def _drain_stdout(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._stdout.put(line)
+        self._stdout.put(None)  # EOF: the process closed stdout (it exited)
+
+    def _drain_stderr(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._stderr_lock:
+                self._stderr.append(line)
+
+    def _read_target(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                line = self._stdout.get(timeout=max(0.0, remaining))
+            except queue.Empty:
+                raise self._start_error(f"printed no ready line within {timeout_s:.0f}s") from None
+            if line is None:
+                raise self._start_error("exited before printing its ready line", exited=True)
+            if line.startswith(READY_PREFIX):
+                return line[len(READY_PREFIX):].strip()
+
+    def _wait_serving(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        health = health_pb2_grpc.HealthStub(self.channel())
+        while True:
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass  # not accepting calls yet
+            if self.process.poll() is not None:
+                raise self._start_error("exited before reporting SERVING", exited=True)
+            if time.monotonic() > deadline:
+                raise self._start_error(f"was not SERVING within {timeout_s:.0f}s")
+            time.sleep(0.05)
+
+    def _start_error(self, what: str, exited: bool = False) -> AllocatorStartError:
+        if exited:  # reap it and let the last lines of its log arrive
+            try:
+                self.process.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self._readers[1].join(timeout=2.0)
+        return AllocatorStartError(
+            f"allocator {' '.join(self.args[1:])} {what} (exit code {self.process.poll()}); "
+            f"stderr tail:\n{self.stderr_tail()}")
+
+    # -- use -----------------------------------------------------------------------------------
+
+    def channel(self, token: str = "") -> grpc.Channel:
+        """A new channel to the allocator, closed by `stop()`."""
+        channel = open_channel(self.target, token)
+        self._channels.append(channel)
+        return channel
+
+    def stderr_tail(self, lines: int = 50) -> str:
+        with self._stderr_lock:
+            return "".join(list(self._stderr)[-lines:])
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, wait up to `timeout_s`, then SIGKILL; returns the exit code. Idempotent."""
+        for channel in self._channels:
+            channel.close()
+        self._channels.clear()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for reader in self._readers:
+            reader.join(timeout=2.0)
+        return self.process.returncode
+
+    def __enter__(self) -> AllocatorProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
