@@ -82,16 +82,18 @@ class GrpcService:
         for name in ("", *self.service_names):
             self.health.set(name, status)
 
-    def start(self) -> None:
-        """Starts serving; from here on SIGTERM / SIGINT request a graceful stop."""
+    def start(self, handle_signals: bool = True) -> None:
+        """Starts serving. With handle_signals (the main thread of a service process), SIGTERM
+        and SIGINT request a graceful stop from here on, before anyone learns the port."""
         self._stop_requested = threading.Event()
 
         def request_stop(signum: int, _frame: object) -> None:
             log.info("received %s, shutting down", signal.Signals(signum).name)
             self._stop_requested.set()
 
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
+        if handle_signals:
+            signal.signal(signal.SIGTERM, request_stop)
+            signal.signal(signal.SIGINT, request_stop)
         self.server.start()
 
     def stop(self) -> None:
