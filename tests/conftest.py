@@ -1,11 +1,22 @@
-"""Fixtures that start the real allocator as a subprocess (see allocator_process.py)."""
+"""Fixtures that start the real allocator as a subprocess (see allocator_process.py).
+
+`server` (with its `stub` and `admin`) and `auth_server` are shared by the whole session: tests
+on them register executors of their own, named after the test (`new_executor`), so they never
+collide.
+"""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from allocator_process import AllocatorProcess
+# Before the imports below, so the asserts in the shared helper modules report like test asserts.
+pytest.register_assert_rewrite("core_helpers", "wire_helpers")
+
+from allocator_process import AllocatorProcess  # noqa: E402
+from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
+from wire_helpers import TOKEN, Executor, register  # noqa: E402
 
 
 @pytest.fixture
@@ -28,3 +39,40 @@ def start_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
     yield start
     for process in started:
         process.stop()
+
+
+# -- the shared servers of the wire tests ---------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[AllocatorProcess]:
+    """Shared by every test that registers executors of its own; leases outlast the session."""
+    with AllocatorProcess("--lease-ttl", "600") as process:
+        yield process
+
+
+@pytest.fixture(scope="session")
+def stub(server: AllocatorProcess) -> pb_grpc.AllocatorStub:
+    return pb_grpc.AllocatorStub(server.channel())
+
+
+@pytest.fixture(scope="session")
+def admin(server: AllocatorProcess) -> pb_grpc.AllocatorAdminStub:
+    return pb_grpc.AllocatorAdminStub(server.channel())
+
+
+@pytest.fixture(scope="session")
+def auth_server() -> Iterator[AllocatorProcess]:
+    with AllocatorProcess("--auth-token", TOKEN) as process:
+        yield process
+
+
+@pytest.fixture
+def new_executor(stub: pb_grpc.AllocatorStub,
+                 request: pytest.FixtureRequest) -> Callable[..., Executor]:
+    """Registers executors named after the test, so tests sharing a server never collide."""
+    names = (f"{request.node.name}-{n}" for n in itertools.count())
+
+    def make(num_blocks: int = 8, block_size: int = 4) -> Executor:
+        return register(stub, next(names), num_blocks, block_size)
+
+    return make
