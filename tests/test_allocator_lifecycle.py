@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -39,22 +40,27 @@ def test_sigterm_right_after_the_ready_line_still_exits_gracefully() -> None:
     would meet the default disposition and kill the process (-15).
     """
     exit_codes = []
+    logs = []
     for _ in range(10):
-        process = subprocess.Popen(
-            [sys.executable, "-m", "allocator_service", "--host", "127.0.0.1", "--port", "0"],
-            cwd=REPO_ROOT, env=hermetic_env(), stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True)
-        try:
-            assert process.stdout is not None
-            assert process.stdout.readline().startswith("allocator listening on 127.0.0.1:")
-            process.send_signal(signal.SIGTERM)
-            exit_codes.append(process.wait(timeout=10))
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            process.stdout.close()
-    assert exit_codes == [0] * 10
+        with tempfile.TemporaryFile(mode="w+") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "allocator_service", "--host", "127.0.0.1", "--port", "0"],
+                cwd=REPO_ROOT, env=hermetic_env(), stdout=subprocess.PIPE, stderr=stderr,
+                text=True)
+            try:
+                assert process.stdout is not None
+                assert process.stdout.readline().startswith("allocator listening on 127.0.0.1:")
+                process.send_signal(signal.SIGTERM)
+                exit_codes.append(process.wait(timeout=10))
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+                process.stdout.close()
+            stderr.seek(0)
+            logs.append(stderr.read()[-2000:])
+    failed = [log for code, log in zip(exit_codes, logs) if code != 0]
+    assert exit_codes == [0] * 10, "stderr of the first failure:\n" + (failed or [""])[0]
 
 
 def test_out_of_range_flag_stops_start_up_with_a_message() -> None:
