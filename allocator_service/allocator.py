@@ -9,23 +9,24 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from hashlib import blake2b
 
 from allocator_service.block import SeqId
 from allocator_service.block_hash import HashFn, chain_hash
 from allocator_service.errors import (InvalidOp, StaleEpoch, StepIdReused, StepIdTooOld,
                                       UnknownExecutor)
-from allocator_service.executor_pool import ExecutorPool, PromptTooLarge
+from allocator_service.executor_pool import NO_GROWTH, ExecutorPool, PromptTooLarge
 from allocator_service.limits import Limits
-from allocator_service.ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, OpResult,
-                                   OpStatus, StepResult)
+from allocator_service.ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, OpResult, OpStatus,
+                                   StepResult)
 from allocator_service.validation import validate_ops, validate_registration
 from pagedserve.common.errors import AlreadyExists, NotFound
 
 
 @dataclass(slots=True)
 class RecordedStep:
-    digest: bytes
+    # What identifies the request: the caller's digest of it (the server hashes the serialized
+    # request), or else the list of ops itself, compared with ==.
+    identity: bytes | list[BlockOp]
     result: StepResult
 
 
@@ -54,11 +55,6 @@ class PrefixMatch:
     num_waiting: int
     num_running: int
     num_sequences: int
-
-
-def ops_digest(ops: Sequence[BlockOp]) -> bytes:
-    """A stable digest of a step's ops, for callers that have no serialized request at hand."""
-    return blake2b(repr(list(ops)).encode(), digest_size=16).digest()
 
 
 class Allocator:
@@ -130,23 +126,25 @@ class Allocator:
 
         A malformed request raises before any op applies. A step_id at or below the last one
         is a retry: the recorded result comes back (marked replayed) and nothing applies.
+        `digest` identifies the request for that check; without one the ops are compared.
         """
         executor = self.live_executor(executor_id, epoch)
         if step_id < 1:
             raise InvalidOp(f"step_id must be at least 1, got {step_id}")
-        digest = digest if digest is not None else ops_digest(ops)
+        identity = digest if digest is not None else list(ops)
         if step_id <= executor.last_step_id:
-            return self._replay(executor, step_id, digest)
+            return self._replay(executor, step_id, identity)
         validate_ops(self.limits, ops)
         pool = executor.pool
         result = StepResult([self._apply(pool, op) for op in ops], pool.num_free_blocks)
         executor.last_step_id = step_id
-        executor.step_log[step_id] = RecordedStep(digest, result)
+        executor.step_log[step_id] = RecordedStep(identity, result)
         if len(executor.step_log) > self.step_log_size:
             executor.step_log.popitem(last=False)
         return result
 
-    def _replay(self, executor: RegisteredExecutor, step_id: int, digest: bytes) -> StepResult:
+    def _replay(self, executor: RegisteredExecutor, step_id: int,
+                identity: bytes | list[BlockOp]) -> StepResult:
         recorded = executor.step_log.get(step_id)
         if recorded is None:
             raise StepIdTooOld(
@@ -154,7 +152,7 @@ class Allocator:
                 f"applied step id {executor.last_step_id} and no result is recorded for it "
                 f"(never applied, or older than the {self.step_log_size} kept); new steps need "
                 "increasing ids")
-        if recorded.digest != digest:
+        if recorded.identity != identity:
             raise StepIdReused(
                 f"step_id {step_id} of executor {executor.executor_id!r} was already applied "
                 "with different ops; use a new step_id for new ops")
@@ -168,6 +166,8 @@ class Allocator:
                                      op.num_computed_tokens)
                 if growth is None:
                     return _out_of_blocks(pool)
+                if growth is NO_GROWTH:
+                    return OK
                 return OpResult(new_blocks=growth.new_blocks, copies=growth.copies)
             if isinstance(op, AllocateOp):
                 allocation = pool.allocate(op.seq_id, op.token_ids, op.cache_salt,
@@ -179,7 +179,7 @@ class Allocator:
             if isinstance(op, ForkOp):
                 return OpResult(block_table=pool.fork(op.parent_seq_id, op.child_seq_id))
             pool.free(op.seq_id)
-            return OpResult()
+            return OK
         except NotFound as error:
             return OpResult(OpStatus.NOT_FOUND, str(error))
         except AlreadyExists as error:

@@ -25,6 +25,10 @@ def blocks_for(num_slots: int, block_size: int) -> int:
     return -(-num_slots // block_size)
 
 
+# An Append that needed no new block and no copy (most decode steps). Shared, never mutated.
+NO_GROWTH = Growth([], [])
+
+
 class ExecutorPool:
     def __init__(self, num_blocks: int, block_size: int, model_fingerprint: str,
                  hash_fn: HashFn = chain_hash) -> None:
@@ -126,13 +130,13 @@ class ExecutorPool:
     def _append_cost(self, seq: Sequence, num_new_tokens: int,
                      lookahead_slots: int) -> tuple[int, bool]:
         """(blocks to add at the end, whether the first written block must be copied first)."""
-        capacity_needed = blocks_for(seq.num_tokens + num_new_tokens + lookahead_slots,
-                                     self.block_size)
-        grow = max(0, capacity_needed - len(seq.block_table))
-        first_written = seq.num_tokens // self.block_size
-        copy = (num_new_tokens > 0 and first_written < len(seq.block_table)
-                and seq.block_table[first_written].ref_count > 1)
-        return grow, copy
+        table, size = seq.block_table, self.block_size
+        num_tokens = len(seq.token_ids)
+        grow = -(-(num_tokens + num_new_tokens + lookahead_slots) // size) - len(table)
+        first_written = num_tokens // size
+        copy = (num_new_tokens > 0 and first_written < len(table)
+                and table[first_written].ref_count > 1)
+        return max(0, grow), copy
 
     def can_append(self, seq_id: SeqId, num_new_tokens: int, lookahead_slots: int = 0) -> bool:
         grow, copy = self._append_cost(self._get(seq_id), num_new_tokens, lookahead_slots)
@@ -143,15 +147,32 @@ class ExecutorPool:
         """Adds tokens, reserves slots ahead, copies a shared block before it is written, and
         offers blocks that are full and computed to the prefix cache.
 
-        Returns None (and changes nothing) when too few blocks are free.
+        Returns NO_GROWTH when the table did not change, None (changing nothing) when too few
+        blocks are free. This is the decode hot path: one call per running sequence per step.
         """
-        seq = self._get(seq_id)
+        seq = self.sequences.get(seq_id)
+        if seq is None:
+            raise UnknownSequence(seq_id)
         grow, copy = self._append_cost(seq, len(token_ids), lookahead_slots)
+        growth = NO_GROWTH
+        if grow or copy:
+            growth = self._grow(seq, grow, copy)
+            if growth is None:
+                return None
+        if token_ids:
+            seq.token_ids.extend(token_ids)
+        if num_computed_tokens > seq.num_computed_tokens:
+            seq.num_computed_tokens = min(num_computed_tokens, len(seq.token_ids))
+            if seq.num_computed_tokens // self.block_size > seq.num_hashed_blocks:
+                self._cache_computed_blocks(seq)
+        return growth
+
+    def _grow(self, seq: Sequence, grow: int, copy: bool) -> Growth | None:
         if grow + copy > self.num_free_blocks:
             return None
         copies: list[tuple[int, int]] = []
         if copy:
-            index = seq.num_tokens // self.block_size
+            index = len(seq.token_ids) // self.block_size
             shared = seq.block_table[index]
             (private,) = self.blocks.take(1)
             self.blocks.release([shared])
@@ -159,10 +180,6 @@ class ExecutorPool:
             copies.append((shared.block_id, private.block_id))
         new_blocks = self.blocks.take(grow)
         seq.block_table.extend(new_blocks)
-        seq.token_ids.extend(token_ids)
-        if num_computed_tokens > seq.num_computed_tokens:
-            seq.num_computed_tokens = min(num_computed_tokens, seq.num_tokens)
-            self._cache_computed_blocks(seq)
         return Growth([block.block_id for block in new_blocks], copies)
 
     def _cache_computed_blocks(self, seq: Sequence) -> None:

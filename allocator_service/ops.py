@@ -1,4 +1,8 @@
-"""The block operations of a Step and their results, as plain domain objects."""
+"""The block operations of a Step and their results, as plain domain objects.
+
+Not frozen: a frozen dataclass pays an object.__setattr__ per field, and a decode step builds
+hundreds of these. Nothing mutates them after construction.
+"""
 from __future__ import annotations
 
 import enum
@@ -7,7 +11,7 @@ from dataclasses import dataclass, field
 from allocator_service.block import SeqId
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class AllocateOp:
     seq_id: SeqId
     token_ids: tuple[int, ...]
@@ -15,7 +19,7 @@ class AllocateOp:
     lookahead_slots: int = 0
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class AppendOp:
     seq_id: SeqId
     token_ids: tuple[int, ...] = ()
@@ -24,13 +28,13 @@ class AppendOp:
     num_computed_tokens: int = 0
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class ForkOp:
     parent_seq_id: SeqId
     child_seq_id: SeqId
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class FreeOp:
     seq_id: SeqId
 
@@ -69,6 +73,10 @@ class OpResult:
     num_cached_tokens: int = 0
     new_blocks: list[int] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+# The result of most decode appends: applied, no new block, no copy. Shared, never mutated.
+OK = OpResult()
 
 
 @dataclass(slots=True)

@@ -8,6 +8,8 @@ from allocator_service.limits import Limits
 from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
 from pagedserve.common.errors import InvalidArgument
 
+MAX_TOKEN_ID = (1 << 31) - 1  # the proto carries token ids as int32
+
 
 def validate_registration(limits: Limits, executor_id: str, address: str, num_blocks: int,
                           block_size: int) -> None:
@@ -27,7 +29,14 @@ def validate_ops(limits: Limits, ops: Sequence[BlockOp]) -> None:
     """Raises InvalidOp naming the first malformed op (by index) and what is wrong with it."""
     if len(ops) > limits.max_ops_per_step:
         raise InvalidOp(f"a step carries at most {limits.max_ops_per_step} ops, got {len(ops)}")
+    max_id, max_lookahead = limits.max_id_length, limits.max_lookahead_slots
     for index, op in enumerate(ops):
+        # Decode appends are nearly every op: one inline test, the messages only on failure.
+        if (type(op) is AppendOp and 0 < len(op.seq_id) <= max_id
+                and 0 <= op.lookahead_slots <= max_lookahead and op.num_computed_tokens >= 0
+                and (not op.token_ids
+                     or (min(op.token_ids) >= 0 and max(op.token_ids) <= MAX_TOKEN_ID))):
+            continue
         try:
             _validate_op(limits, op)
         except InvalidArgument as error:
@@ -67,9 +76,6 @@ def _check_id(limits: Limits, name: str, value: str) -> None:
     if len(value) > limits.max_id_length:
         raise InvalidArgument(f"{name} is {len(value)} characters; the limit is "
                               f"{limits.max_id_length}")
-
-
-MAX_TOKEN_ID = (1 << 31) - 1  # the proto carries token ids as int32
 
 
 def _check_tokens(token_ids: Sequence[int]) -> None:

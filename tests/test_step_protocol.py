@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from allocator_service.allocator import ops_digest
 from allocator_service.errors import InvalidOp, StepIdReused, StepIdTooOld, UnknownSequence
 from allocator_service.executor_pool import PromptTooLarge
 from allocator_service.limits import Limits
@@ -107,8 +106,17 @@ def test_step_id_reused_with_different_ops_raises():
     with pytest.raises(StepIdReused):
         allocator.step("e", 1, 1, [])
     assert snapshot(executor.pool) == before
-    # The digest is what identifies the ops: a caller-supplied one is compared as is.
-    assert allocator.step("e", 1, 1, [], digest=ops_digest([AllocateOp("a", (1,))])).replayed
+
+
+def test_caller_digest_identifies_the_request_on_retry():
+    allocator, executor = registered()
+    allocator.step("e", 1, 1, [AllocateOp("a", (1,))], digest=b"request-1")
+    before = snapshot(executor.pool)
+    # The server passes a digest of the serialized request: equal digest, same request.
+    assert allocator.step("e", 1, 1, [AllocateOp("a", (1,))], digest=b"request-1").replayed
+    with pytest.raises(StepIdReused):
+        allocator.step("e", 1, 1, [AllocateOp("a", (1,))], digest=b"request-2")
+    assert snapshot(executor.pool) == before
 
 
 def test_step_id_older_than_kept_log_raises_too_old():

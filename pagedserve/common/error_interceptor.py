@@ -6,6 +6,7 @@ traceback in the client's face. It also sets the request id that every log line 
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,8 +44,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(details)
         if handler is None:
             return None
-        incoming = dict(details.invocation_metadata or ())
-        call_id = str(incoming.get("x-request-id") or uuid.uuid4().hex[:12])
+        call_id = next((value for key, value in details.invocation_metadata or ()
+                        if key == "x-request-id"), None) or _new_request_id()
 
         def wrap(behaviour: Behaviour, streams_response: bool) -> Behaviour:
             def guarded(request: Any, context: grpc.ServicerContext) -> Any:
@@ -68,6 +69,15 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return guarded_stream if streams_response else guarded
 
         return wrap_handler(handler, wrap)
+
+
+_PROCESS_TAG = uuid.uuid4().hex[:6]
+_call_numbers = itertools.count(1)
+
+
+def _new_request_id() -> str:
+    """Unique across processes and cheap: a per-process random tag and a call counter."""
+    return f"{_PROCESS_TAG}-{next(_call_numbers)}"
 
 
 def _abort(context: grpc.ServicerContext, error: Exception, method: str, call_id: str) -> None:

@@ -1,0 +1,108 @@
+"""The allocator as the benchmark meets it: a server subprocess, a thin Step client, and the
+same core and requests in-process for comparison."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+
+from allocator_service.allocator import Allocator
+from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
+from pagedserve.common.client import open_channel
+
+READY_PREFIX = "allocator listening on "
+
+
+@contextmanager
+def allocator_server() -> Iterator[str]:
+    """Starts `python -m allocator_service` on a free loopback port; yields host:port."""
+    process = subprocess.Popen([sys.executable, "-m", "allocator_service", "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line.startswith(READY_PREFIX):
+            raise RuntimeError(f"allocator did not start (exit code {process.poll()}, "
+                               f"first line {line!r})")
+        yield line[len(READY_PREFIX):].strip()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def op_to_proto(op: BlockOp) -> pb.BlockOp:
+    """What an executor's client would send for the domain op (the server converts it back)."""
+    if isinstance(op, AppendOp):
+        return pb.BlockOp(append=pb.AppendOp(
+            seq_id=op.seq_id, token_ids=op.token_ids, lookahead_slots=op.lookahead_slots,
+            num_computed_tokens=op.num_computed_tokens))
+    if isinstance(op, AllocateOp):
+        return pb.BlockOp(allocate=pb.AllocateOp(
+            seq_id=op.seq_id, token_ids=op.token_ids, cache_salt=op.cache_salt,
+            lookahead_slots=op.lookahead_slots))
+    if isinstance(op, ForkOp):
+        return pb.BlockOp(fork=pb.ForkOp(parent_seq_id=op.parent_seq_id,
+                                         child_seq_id=op.child_seq_id))
+    assert isinstance(op, FreeOp)
+    return pb.BlockOp(free=pb.FreeOp(seq_id=op.seq_id))
+
+
+class StepClient:
+    """One registered executor's view of the Allocator service: a pool, an epoch, step ids."""
+
+    def __init__(self, channel: grpc.Channel, executor_id: str, num_blocks: int,
+                 block_size: int) -> None:
+        self.stub = pb_grpc.AllocatorStub(channel)
+        self.executor_id = executor_id
+        registered = self.stub.RegisterExecutor(pb.RegisterExecutorRequest(
+            executor_id=executor_id, address="127.0.0.1:0", num_blocks=num_blocks,
+            block_size=block_size, model_fingerprint="bench"))
+        self.epoch = registered.epoch
+        self.last_step_id = 0
+        # Ops whose result was not OK, over every step sent.
+        self.num_not_ok = 0
+
+    def request(self, ops: Sequence[BlockOp]) -> pb.StepRequest:
+        self.last_step_id += 1
+        return step_request(self.executor_id, self.epoch, self.last_step_id, ops)
+
+    def send(self, request: pb.StepRequest) -> pb.StepResponse:
+        return self.check(self.stub.Step(request))
+
+    def check(self, response: pb.StepResponse) -> pb.StepResponse:
+        self.num_not_ok += sum(1 for result in response.results if result.status)
+        return response
+
+    def step(self, ops: Sequence[BlockOp]) -> pb.StepResponse:
+        return self.send(self.request(ops))
+
+
+def step_request(executor_id: str, epoch: int, step_id: int,
+                 ops: Sequence[BlockOp]) -> pb.StepRequest:
+    return pb.StepRequest(executor_id=executor_id, epoch=epoch, step_id=step_id,
+                          ops=[op_to_proto(op) for op in ops])
+
+
+def local_allocator(num_blocks: int, block_size: int) -> tuple[Allocator, int]:
+    """An in-process core with one executor "bench" registered; returns it and the epoch."""
+    core = Allocator()
+    executor = core.register_executor("bench", "", num_blocks, block_size, "bench")
+    return core, executor.epoch
+
+
+def connect(address: str) -> grpc.Channel:
+    channel = open_channel(address)
+    grpc.channel_ready_future(channel).result(timeout=15)
+    return channel

@@ -1,0 +1,111 @@
+"""What every benchmark under bench/ reports the same way: timings, the machine, docs/benchmarks.md.
+
+Benchmarks print a table and replace only their own `## Name` section of docs/benchmarks.md, so
+several benchmarks share the page and each rewrites just what it measured.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PAGE_HEADER = """# Benchmarks
+
+Results written by the scripts under `bench/`, one section per script; rerun a script to replace
+its section. Timings come from noisy shared machines, so each benchmark measures the things it
+compares side by side in one run and states the comparison as a ratio.
+"""
+
+
+@dataclass(slots=True, frozen=True)
+class Row:
+    metric: str
+    measured: str
+    target: str = ""
+    # None: informational, no target.
+    met: bool | None = None
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of unsorted samples."""
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[index]
+
+
+def summary_ms(samples_s: Sequence[float]) -> dict[str, float]:
+    """p50 / p99 / mean of timings given in seconds, in milliseconds."""
+    return {"p50": percentile(samples_s, 50) * 1e3, "p99": percentile(samples_s, 99) * 1e3,
+            "mean": statistics.fmean(samples_s) * 1e3}
+
+
+def machine_description() -> str:
+    import grpc  # only the benchmarks that talk gRPC reach this module with grpc installed
+
+    return (f"{os.cpu_count()} CPU cores ({cpu_model()}, {platform.system()}), "
+            f"Python {platform.python_version()}, grpcio {grpc.__version__}")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def command_line() -> str:
+    return " ".join([".venv/bin/python", *sys.argv])
+
+
+def text_table(rows: Sequence[Row]) -> str:
+    """The rows as aligned plain text, for the terminal."""
+    cells = [("metric", "measured", "target", "met?")] + [
+        (row.metric, row.measured, row.target or "-", _met(row.met)) for row in rows]
+    widths = [max(len(cell[i]) for cell in cells) for i in range(4)]
+    lines = ["  ".join(cell[i].ljust(widths[i]) for i in range(4)).rstrip() for cell in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    lines = ["| metric | measured | target | met? |", "|---|---:|---:|:---:|"]
+    lines += [f"| {row.metric} | {row.measured} | {row.target or '—'} | {_met(row.met)} |"
+              for row in rows]
+    return "\n".join(lines)
+
+
+def replace_section(page: Path, heading: str, body: str) -> None:
+    """Writes `## heading` + body into the page, replacing that section up to the next `## `.
+
+    Creates the page (with a short header) when missing; other sections stay as they are.
+    """
+    text = page.read_text() if page.exists() else PAGE_HEADER
+    section = f"## {heading}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^## {re.escape(heading)}[ \t]*\n.*?(?=^## |\Z)", re.M | re.S)
+    match = pattern.search(text)
+    if match:
+        following = text[match.end():]
+        text = text[:match.start()] + section + ("\n" if following else "") + following
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(text)
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def _met(met: bool | None) -> str:
+    return "—" if met is None else ("yes" if met else "NO")

@@ -1,0 +1,26 @@
+"""Every benchmark's --quick mode runs, so a benchmark can never rot unnoticed (no timings
+are asserted: the machine is shared and noisy)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_allocator_bench_quick_run_prints_its_table_and_writes_nothing_by_default(
+        tmp_path: Path) -> None:
+    before = (ROOT / "docs" / "benchmarks.md").read_bytes()
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "allocator_bench.py"), "--quick"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for metric in ("core: serving mix through `Allocator.step` (block ops/s)",
+                   "gRPC: batched / one RPC per op",
+                   "`Step` latency, 256 appends, loopback: p50",
+                   "ops whose result was not OK (sanity check)"):
+        assert metric in run.stdout
+    sanity = next(line for line in run.stdout.splitlines() if line.startswith("ops whose result"))
+    assert sanity.split()[-3:] == ["0", "0", "yes"], sanity
+    assert (ROOT / "docs" / "benchmarks.md").read_bytes() == before
+    assert list(tmp_path.iterdir()) == []
