@@ -33,6 +33,23 @@ def ops_from_proto(ops: Iterable[pb.BlockOp]) -> list[BlockOp]:
     return converted
 
 
+def op_to_proto(op: BlockOp) -> pb.BlockOp:
+    """The proto an executor's client sends for a domain op (ops_from_proto's inverse)."""
+    if isinstance(op, AppendOp):
+        return pb.BlockOp(append=pb.AppendOp(
+            seq_id=op.seq_id, token_ids=op.token_ids, lookahead_slots=op.lookahead_slots,
+            num_computed_tokens=op.num_computed_tokens))
+    if isinstance(op, AllocateOp):
+        return pb.BlockOp(allocate=pb.AllocateOp(
+            seq_id=op.seq_id, token_ids=op.token_ids, cache_salt=op.cache_salt,
+            lookahead_slots=op.lookahead_slots))
+    if isinstance(op, ForkOp):
+        return pb.BlockOp(fork=pb.ForkOp(parent_seq_id=op.parent_seq_id,
+                                         child_seq_id=op.child_seq_id))
+    assert isinstance(op, FreeOp)
+    return pb.BlockOp(free=pb.FreeOp(seq_id=op.seq_id))
+
+
 def step_response(result: StepResult) -> pb.StepResponse:
     response = pb.StepResponse(replayed=result.replayed, num_free_blocks=result.num_free_blocks)
     for op_result in result.results:

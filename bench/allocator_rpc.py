@@ -12,7 +12,8 @@ from pathlib import Path
 import grpc
 
 from allocator_service.allocator import Allocator
-from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
+from allocator_service.convert import op_to_proto
+from allocator_service.ops import BlockOp
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
@@ -40,23 +41,6 @@ def allocator_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def op_to_proto(op: BlockOp) -> pb.BlockOp:
-    """What an executor's client would send for the domain op (the server converts it back)."""
-    if isinstance(op, AppendOp):
-        return pb.BlockOp(append=pb.AppendOp(
-            seq_id=op.seq_id, token_ids=op.token_ids, lookahead_slots=op.lookahead_slots,
-            num_computed_tokens=op.num_computed_tokens))
-    if isinstance(op, AllocateOp):
-        return pb.BlockOp(allocate=pb.AllocateOp(
-            seq_id=op.seq_id, token_ids=op.token_ids, cache_salt=op.cache_salt,
-            lookahead_slots=op.lookahead_slots))
-    if isinstance(op, ForkOp):
-        return pb.BlockOp(fork=pb.ForkOp(parent_seq_id=op.parent_seq_id,
-                                         child_seq_id=op.child_seq_id))
-    assert isinstance(op, FreeOp)
-    return pb.BlockOp(free=pb.FreeOp(seq_id=op.seq_id))
 
 
 class StepClient:
