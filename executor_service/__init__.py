@@ -1,0 +1,1 @@
+"""Executor service: models, continuous batching and KV-cache tensors (a later issue)."""

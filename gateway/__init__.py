@@ -1,0 +1,1 @@
+"""Gateway: gRPC and OpenAI-compatible HTTP streaming, routing (a later issue)."""

@@ -1,0 +1,1 @@
+"""Triton paged-attention kernels with torch references (a later issue)."""

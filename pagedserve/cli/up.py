@@ -37,7 +37,8 @@ class ChildService:
     def start(self) -> None:
         self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, bufsize=1)
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
 
     def _pump(self) -> None:
         """Echoes the child's output with its name and remembers the tail for failures."""
@@ -69,6 +70,8 @@ class ChildService:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def _failure(self, what: str) -> str:
+        if self.process is not None and self.process.poll() is not None:
+            self._pump_thread.join(timeout=5)  # a dead child's last lines are the useful ones
         return f"{self.name} {what}; last lines of its log:\n" + "\n".join(self.log_tail)
 
     def stop(self, timeout_s: float = 15.0) -> None:

@@ -38,6 +38,8 @@ def add_server_flags(parser: argparse.ArgumentParser, prefix: str, default_port:
 def server_options(args: argparse.Namespace) -> ServerOptions:
     if args.max_workers < 1:
         raise SystemExit("--max-workers must be at least 1")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"--port must be between 0 (pick a free one) and 65535, got {args.port}")
     return ServerOptions(host=args.host, port=args.port, auth_token=args.auth_token,
                          tls_cert=args.tls_cert, tls_key=args.tls_key,
                          max_workers=args.max_workers)

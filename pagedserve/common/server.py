@@ -64,17 +64,22 @@ class GrpcService:
 
     def _bind(self) -> int:
         address = f"{self.options.host}:{self.options.port}"
-        if self.options.tls_cert or self.options.tls_key:
-            if not (self.options.tls_cert and self.options.tls_key):
-                raise SystemExit("TLS needs both --tls-cert and --tls-key")
-            credentials = grpc.ssl_server_credentials([(
-                Path(self.options.tls_key).read_bytes(), Path(self.options.tls_cert).read_bytes())])
-            port = self.server.add_secure_port(address, credentials)
-        else:
-            port = self.server.add_insecure_port(address)
+        try:
+            if self.options.tls_cert or self.options.tls_key:
+                port = self.server.add_secure_port(address, self._tls_credentials())
+            else:
+                port = self.server.add_insecure_port(address)
+        except RuntimeError:  # newer grpcio raises where older ones return 0
+            port = 0
         if port == 0:
-            raise SystemExit(f"cannot listen on {address} (in use, or no such interface)")
+            raise SystemExit(f"cannot listen on {address} (port in use, or no such interface)")
         return port
+
+    def _tls_credentials(self) -> grpc.ServerCredentials:
+        if not (self.options.tls_cert and self.options.tls_key):
+            raise SystemExit("TLS needs both --tls-cert and --tls-key")
+        return grpc.ssl_server_credentials([(
+            Path(self.options.tls_key).read_bytes(), Path(self.options.tls_cert).read_bytes())])
 
     def set_serving(self, serving: bool) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if serving
