@@ -18,7 +18,7 @@ from allocator_service.executor_pool import NO_GROWTH, ExecutorPool, PromptTooLa
 from allocator_service.limits import Limits
 from allocator_service.ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, OpResult, OpStatus,
                                    StepResult)
-from allocator_service.validation import validate_ops, validate_registration
+from allocator_service.validation import validate_ops, validate_prompt, validate_registration
 from pagedserve.common.errors import AlreadyExists, NotFound
 
 
@@ -191,6 +191,7 @@ class Allocator:
 
     def match_prefix(self, token_ids: Sequence[int], cache_salt: str) -> list[PrefixMatch]:
         """Per registered executor: prompt tokens its pool would serve from cache, and its load."""
+        validate_prompt(self.limits, token_ids, cache_salt)
         return [
             PrefixMatch(
                 executor_id=ex.executor_id, address=ex.address,

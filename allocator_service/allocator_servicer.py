@@ -48,10 +48,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     def MatchPrefix(self, request: pb.MatchPrefixRequest,
                     context: grpc.ServicerContext) -> pb.MatchPrefixResponse:
-        if not request.token_ids:
-            raise InvalidArgument("token_ids is empty; send the prompt's token ids")
-        if min(request.token_ids) < 0:
-            raise InvalidArgument("token ids must not be negative")
         token_ids = tuple(request.token_ids)
         with self.lock:
             matches = self.core.match_prefix(token_ids, request.cache_salt)

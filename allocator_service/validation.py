@@ -43,6 +43,15 @@ def validate_ops(limits: Limits, ops: Sequence[BlockOp]) -> None:
             raise InvalidOp(f"ops[{index}] ({type(op).__name__}): {error}") from None
 
 
+def validate_prompt(limits: Limits, token_ids: Sequence[int], cache_salt: str) -> None:
+    """A prompt as Allocate and MatchPrefix take it."""
+    if not token_ids:
+        raise InvalidArgument("token_ids is empty; a prompt has at least one token")
+    _check_tokens(token_ids)
+    if len(cache_salt) > limits.max_id_length:
+        raise InvalidArgument(f"cache_salt is longer than {limits.max_id_length} characters")
+
+
 def _validate_op(limits: Limits, op: BlockOp) -> None:
     if isinstance(op, AppendOp):
         _check_id(limits, "seq_id", op.seq_id)
@@ -53,12 +62,8 @@ def _validate_op(limits: Limits, op: BlockOp) -> None:
                                   f"{op.num_computed_tokens}")
     elif isinstance(op, AllocateOp):
         _check_id(limits, "seq_id", op.seq_id)
-        if not op.token_ids:
-            raise InvalidArgument("token_ids is empty; a sequence starts with at least one token")
-        _check_tokens(op.token_ids)
+        validate_prompt(limits, op.token_ids, op.cache_salt)
         _check_lookahead(limits, op.lookahead_slots)
-        if len(op.cache_salt) > limits.max_id_length:
-            raise InvalidArgument(f"cache_salt is longer than {limits.max_id_length} characters")
     elif isinstance(op, ForkOp):
         _check_id(limits, "parent_seq_id", op.parent_seq_id)
         _check_id(limits, "child_seq_id", op.child_seq_id)
