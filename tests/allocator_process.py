@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import IO
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagedserve.common.client import open_channel
+from pagedserve.common.client import is_serving, open_channel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_PREFIX = "allocator listening on "
@@ -99,14 +98,10 @@ class AllocatorProcess:
 
     def _wait_serving(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        health = health_pb2_grpc.HealthStub(self.channel())
+        channel = self.channel()
         while True:
-            try:
-                status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass  # not accepting calls yet
+            if is_serving(channel):
+                return
             if self.process.poll() is not None:
                 raise self._start_error("exited before reporting SERVING", exited=True)
             if time.monotonic() > deadline:

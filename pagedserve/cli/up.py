@@ -16,11 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from pagedserve.cli import pagedctl
-from pagedserve.common.client import open_channel
+from pagedserve.common.client import is_serving, open_channel
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -62,12 +59,7 @@ class ChildService:
 
     def _serving(self, token: str) -> bool:
         with open_channel(self.address, token) as channel:
-            try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-            except grpc.RpcError:
-                return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+            return is_serving(channel)
 
     def _failure(self, what: str) -> str:
         if self.process is not None and self.process.poll() is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagedserve.common.auth import BearerTokenClientInterceptor
 from pagedserve.common.server import MAX_MESSAGE_BYTES
@@ -21,3 +22,13 @@ def open_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.Channel
     if token:
         channel = grpc.intercept_channel(channel, BearerTokenClientInterceptor(token))
     return channel
+
+
+def is_serving(channel: grpc.Channel, timeout_s: float = 1.0) -> bool:
+    """Whether the server reports grpc health SERVING; False while it does not answer yet."""
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
