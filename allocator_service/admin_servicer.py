@@ -8,7 +8,7 @@ import grpc
 from allocator_service import convert
 from allocator_service.allocator import Allocator
 from allocator_service.audit import audit_pool
-from allocator_service.inspection import PoolStats, block_views, pool_stats
+from allocator_service.inspection import block_views, pool_stats, total_stats
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.errors import InvalidArgument
@@ -24,11 +24,8 @@ class AllocatorAdminServicer(pb_grpc.AllocatorAdminServicer):
         with self.lock:
             pools = [pool_stats(ex.executor_id, ex.pool)
                      for ex in self.core.sorted_executors(request.executor_id)]
-        total = PoolStats("total", pools[0].block_size if pools else 0)
-        for stats in pools:
-            total.add(stats)
         return pb.GetStatsResponse(pools=[convert.pool_stats_to_proto(s) for s in pools],
-                                   total=convert.pool_stats_to_proto(total))
+                                   total=convert.pool_stats_to_proto(total_stats(pools)))
 
     def ListExecutors(self, request: pb.ListExecutorsRequest,
                       context: grpc.ServicerContext) -> pb.ListExecutorsResponse:

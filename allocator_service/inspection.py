@@ -103,3 +103,11 @@ def pool_stats(executor_id: str, pool: ExecutorPool) -> PoolStats:
             stats.num_free_blocks += 1
     stats.slots_allocated = stats.num_used_blocks * pool.block_size
     return stats
+
+
+def total_stats(pools: list[PoolStats]) -> PoolStats:
+    """The sum over pools, named "total"; block_size 0 when the pools' sizes differ."""
+    total = PoolStats("total", pools[0].block_size if pools else 0)
+    for stats in pools:
+        total.add(stats)
+    return total
