@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from allocator_service.admin_servicer import AllocatorAdminServicer
 from allocator_service.allocator import Allocator
 from allocator_service.allocator_servicer import AllocatorServicer
-from allocator_service.config import AllocatorConfig, parse_config
+from allocator_service.config import AllocatorConfig, StateStoreOptions, parse_config
+from allocator_service.state import AllocatorState
+from allocator_service.state_store import MemoryStore, StateStore, StoreUnreachable
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.logs import setup_logging
@@ -17,45 +19,99 @@ from pagedserve.common.server import GrpcService
 
 SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
                  for name in ("Allocator", "AllocatorAdmin")]
+# Seconds between attempts to reach Redis while loading the state at start.
+LOAD_RETRY_S = 1.0
 
 
-def reap_expired_leases(core: Allocator, lock: threading.Lock, stop: threading.Event,
+def build_store(options: StateStoreOptions) -> StateStore:
+    if not options.url:
+        return MemoryStore(options.events_max)
+    from allocator_service.redis_store import RedisStore  # only a durable allocator needs redis
+    return RedisStore(options.url, options.namespace, options.snapshot_every,
+                      options.events_max, options.timeout_s)
+
+
+def reap_expired_leases(state: AllocatorState, stop: threading.Event,
                         log: logging.Logger) -> None:
     """Reclaims pools whose executors stopped calling; their KV memory is gone with them."""
-    interval = min(1.0, core.lease_ttl_s / 4)
+    interval = min(1.0, state.core.lease_ttl_s / 4)
     while not stop.wait(interval):
-        with lock:
-            expired = core.expire_leases()
-        for executor_id in expired:
+        for executor_id in state.reclaim_expired():
             log.warning("lease of executor %r lapsed; its pool was reclaimed", executor_id)
 
 
-def build_service(config: AllocatorConfig) -> tuple[GrpcService, Allocator, threading.Lock]:
+def load_state(state: AllocatorState, stop: threading.Event, log: logging.Logger) -> bool:
+    """Loads the stored state, retrying while the store is unreachable; False if stopped."""
+    attempt = 0
+    while True:
+        try:
+            state.store.load(state.core)
+            return True
+        except StoreUnreachable as error:
+            attempt += 1
+            if attempt == 1 or attempt % 30 == 0:
+                log.warning("cannot load state from %s yet (%s); retrying",
+                            state.store.description, error)
+        if stop.wait(LOAD_RETRY_S):
+            return False
+
+
+def build_service(config: AllocatorConfig) -> tuple[GrpcService, AllocatorState]:
     core = Allocator(lease_ttl_s=config.lease_ttl_s, step_log_size=config.step_log_size)
-    lock = threading.Lock()  # the single owner of the core's state
+    state = AllocatorState(core, build_store(config.state))
 
     def add_servicers(server):  # type: ignore[no-untyped-def]
-        pb_grpc.add_AllocatorServicer_to_server(AllocatorServicer(core, lock), server)
-        pb_grpc.add_AllocatorAdminServicer_to_server(AllocatorAdminServicer(core, lock), server)
+        pb_grpc.add_AllocatorServicer_to_server(AllocatorServicer(state), server)
+        pb_grpc.add_AllocatorAdminServicer_to_server(AllocatorAdminServicer(state), server)
 
-    return GrpcService(config.server, SERVICE_NAMES, add_servicers), core, lock
+    service = GrpcService(config.server, SERVICE_NAMES, add_servicers)
+    state.on_availability = service.set_serving
+    return service, state
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     log = setup_logging("allocator", config.log_level)
-    service, core, lock = build_service(config)
-    stop_reaper = threading.Event()
-    reaper = threading.Thread(target=reap_expired_leases, args=(core, lock, stop_reaper, log),
-                              name="lease-reaper", daemon=True)
+    service, state = build_service(config)
+    stop = threading.Event()
     service.start()
-    reaper.start()
-    service.set_serving(True)
     # One machine-readable line on stdout: tests and `pagedserve up` read the bound port here.
+    # Health stays NOT_SERVING (and every call UNAVAILABLE) until the state is loaded.
     print(f"allocator listening on {config.server.host}:{service.port}", flush=True)
-    log.info("serving (lease ttl %.1fs, auth %s)", config.lease_ttl_s,
-             "on" if config.server.auth_token else "off")
-    service.run_until_signal(on_shutdown=stop_reaper.set)
+    failed = threading.Event()
+
+    def load_then_serve() -> None:
+        try:
+            serve(state, service, stop, log)
+        except Exception:  # noqa: BLE001 - a state that cannot be loaded must not be served
+            log.exception("cannot load the stored state from %s; stopping",
+                          state.store.description)
+            failed.set()
+            service.request_stop()
+
+    threading.Thread(target=load_then_serve, name="state-loader", daemon=True).start()
+    log.info("lease ttl %.1fs, auth %s, state in %s", config.lease_ttl_s,
+             "on" if config.server.auth_token else "off", state.store.description)
+
+    def shut_down() -> None:
+        stop.set()
+        state.store.close()
+
+    service.run_until_signal(on_shutdown=shut_down)
+    return 1 if failed.is_set() else 0
+
+
+def serve(state: AllocatorState, service: GrpcService, stop: threading.Event,
+          log: logging.Logger) -> None:
+    """Loads the state, then starts the lease reaper and the store's watchdog and serves."""
+    if not load_state(state, stop, log):
+        return
+    threading.Thread(target=reap_expired_leases, args=(state, stop, log), name="lease-reaper",
+                     daemon=True).start()
+    threading.Thread(target=state.watch_store, args=(stop,), name="store-watchdog",
+                     daemon=True).start()
+    service.set_serving(True)
+    log.info("serving")
 
 
 if __name__ == "__main__":

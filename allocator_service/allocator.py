@@ -15,6 +15,7 @@ from allocator_service.block_hash import HashFn, chain_hash
 from allocator_service.errors import (InvalidOp, StaleEpoch, StepIdReused, StepIdTooOld,
                                       UnknownExecutor)
 from allocator_service.executor_pool import NO_GROWTH, ExecutorPool, PromptTooLarge
+from allocator_service.kv_events import KvEventLog, KvEventType, PoolEvents, PoolResetReason
 from allocator_service.limits import Limits
 from allocator_service.ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, OpResult, OpStatus,
                                    StepResult)
@@ -67,7 +68,10 @@ class Allocator:
         self.clock = clock
         self.hash_fn = hash_fn
         self.executors: dict[str, RegisteredExecutor] = {}
-        self._last_epoch = 0
+        self.last_epoch = 0
+        # Prefix-cache changes of every pool, numbered; the state store takes them after each
+        # change and publishes them with it.
+        self.events = KvEventLog()
 
     # -- registration and lease ------------------------------------------------------------
 
@@ -87,13 +91,21 @@ class Allocator:
         if pool is None:
             pool = self.build_pool(executor_id, address, num_blocks, block_size,
                                    model_fingerprint)
-        self._last_epoch += 1
+        self.last_epoch += 1
         executor = RegisteredExecutor(
-            executor_id=executor_id, address=address, epoch=self._last_epoch,
+            executor_id=executor_id, address=address, epoch=self.last_epoch,
             model_fingerprint=model_fingerprint, pool=pool,
             lease_expires_at=self.clock() + self.lease_ttl_s)
-        self.executors[executor_id] = executor
+        self.add_executor(executor)
+        self.events.emit(KvEventType.POOL_RESET, executor_id, reason=PoolResetReason.REGISTERED,
+                         num_blocks=pool.num_blocks, block_size=pool.block_size)
         return executor
+
+    def add_executor(self, executor: RegisteredExecutor) -> None:
+        """Installs a registered executor (new, or restored from a snapshot) and wires its
+        pool's prefix-cache changes into the event log."""
+        executor.pool.blocks.events = PoolEvents(self.events, executor.executor_id)
+        self.executors[executor.executor_id] = executor
 
     def heartbeat(self, executor_id: str, epoch: int, num_waiting: int = 0,
                   num_running: int = 0) -> None:
@@ -110,13 +122,29 @@ class Allocator:
         executor.lease_expires_at = self.clock() + self.lease_ttl_s
         return executor
 
+    def expired_leases(self) -> list[tuple[str, int]]:
+        """(executor id, epoch) of every executor whose lease lapsed; changes nothing."""
+        now = self.clock()
+        return [(eid, ex.epoch) for eid, ex in self.executors.items()
+                if ex.lease_expires_at <= now]
+
+    def reclaim(self, expired: Sequence[tuple[str, int]]) -> list[str]:
+        """Drops the pools of these (executor id, epoch) pairs, skipping any executor that has
+        re-registered since (its epoch moved on); returns the executor ids dropped."""
+        dropped = []
+        for executor_id, epoch in expired:
+            executor = self.executors.get(executor_id)
+            if executor is None or executor.epoch != epoch:
+                continue
+            del self.executors[executor_id]
+            self.events.emit(KvEventType.POOL_RESET, executor_id,
+                             reason=PoolResetReason.LEASE_EXPIRED)
+            dropped.append(executor_id)
+        return dropped
+
     def expire_leases(self) -> list[str]:
         """Reclaims every pool whose lease lapsed; returns their executor ids."""
-        now = self.clock()
-        expired = [eid for eid, ex in self.executors.items() if ex.lease_expires_at <= now]
-        for executor_id in expired:
-            del self.executors[executor_id]
-        return expired
+        return self.reclaim(self.expired_leases())
 
     # -- step ----------------------------------------------------------------------------------
 
@@ -229,7 +257,15 @@ class Allocator:
         return holders[0], SeqId(seq_id)
 
     def reset_prefix_cache(self, executor_id: str = "") -> int:
-        return sum(ex.pool.reset_prefix_cache() for ex in self.sorted_executors(executor_id))
+        """Drops every prefix-cache entry of one pool, or of all; returns how many."""
+        dropped = 0
+        for executor in self.sorted_executors(executor_id):
+            dropped += executor.pool.reset_prefix_cache()
+            self.events.emit(KvEventType.POOL_RESET, executor.executor_id,
+                             reason=PoolResetReason.PREFIX_CACHE_RESET,
+                             num_blocks=executor.pool.num_blocks,
+                             block_size=executor.pool.block_size)
+        return dropped
 
 
 def _out_of_blocks(pool: ExecutorPool) -> OpResult:

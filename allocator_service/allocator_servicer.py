@@ -1,55 +1,56 @@
-"""The Allocator gRPC service: converts proto <-> domain and calls the core under its lock."""
+"""The Allocator gRPC service: converts proto <-> domain and calls the core through its state
+gate, journaling every change before the reply goes out."""
 from __future__ import annotations
-
-import threading
-from hashlib import blake2b
 
 import grpc
 
-from allocator_service import convert
-from allocator_service.allocator import Allocator
+from allocator_service import commands, convert
+from allocator_service.state import AllocatorState
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.errors import InvalidArgument
 
 
 class AllocatorServicer(pb_grpc.AllocatorServicer):
-    def __init__(self, core: Allocator, lock: threading.Lock) -> None:
-        self.core = core
-        self.lock = lock
+    def __init__(self, state: AllocatorState) -> None:
+        self.state = state
 
     def RegisterExecutor(self, request: pb.RegisterExecutorRequest,
                          context: grpc.ServicerContext) -> pb.RegisterExecutorResponse:
         args = (request.executor_id, request.address, request.num_blocks, request.block_size,
                 request.model_fingerprint)
-        pool = self.core.build_pool(*args)  # slow for big pools: outside the lock
-        with self.lock:
-            executor = self.core.register_executor(*args, pool=pool)
+        pool = self.state.core.build_pool(*args)  # slow for big pools: outside the lock
+        with self.state.writing() as core:
+            executor = core.register_executor(*args, pool=pool)
+            self.state.commit(commands.register(request))
         return pb.RegisterExecutorResponse(epoch=executor.epoch,
-                                           lease_ttl_s=self.core.lease_ttl_s)
+                                           lease_ttl_s=self.state.core.lease_ttl_s)
 
     def Heartbeat(self, request: pb.HeartbeatRequest,
                   context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         if request.num_waiting < 0 or request.num_running < 0:
             raise InvalidArgument("num_waiting and num_running must not be negative")
-        with self.lock:
-            self.core.heartbeat(request.executor_id, request.epoch, request.num_waiting,
-                                request.num_running)
-        return pb.HeartbeatResponse(lease_ttl_s=self.core.lease_ttl_s)
+        # Leases and load figures are not journaled: a heartbeat works while Redis is away.
+        with self.state.reading() as core:
+            core.heartbeat(request.executor_id, request.epoch, request.num_waiting,
+                           request.num_running)
+        return pb.HeartbeatResponse(lease_ttl_s=self.state.core.lease_ttl_s)
 
     def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
         ops = convert.ops_from_proto(request.ops)
         # A retry is the same request byte for byte; a replay carrying other ops is caught.
-        digest = blake2b(request.SerializeToString(deterministic=True), digest_size=16).digest()
-        with self.lock:
-            result = self.core.step(request.executor_id, request.epoch, request.step_id, ops,
-                                    digest)
+        body = request.SerializeToString(deterministic=True)
+        with self.state.writing() as core:
+            result = core.step(request.executor_id, request.epoch, request.step_id, ops,
+                               commands.step_digest(body))
+            if not result.replayed:
+                self.state.commit(commands.step(body))
         return convert.step_response(result)
 
     def MatchPrefix(self, request: pb.MatchPrefixRequest,
                     context: grpc.ServicerContext) -> pb.MatchPrefixResponse:
         token_ids = tuple(request.token_ids)
-        with self.lock:
-            matches = self.core.match_prefix(token_ids, request.cache_salt)
+        with self.state.reading() as core:
+            matches = core.match_prefix(token_ids, request.cache_salt)
         return pb.MatchPrefixResponse(
             executors=[convert.prefix_match_to_proto(match) for match in matches])

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from allocator_service.block import Block, BlockId, PrefixKey
 from allocator_service.block_hash import BlockHash, HashFn, chain_hash
 from allocator_service.free_block_queue import FreeBlockQueue
+from allocator_service.kv_events import PoolEvents
 
 
 class BlockPool:
@@ -20,7 +21,9 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.hash_index: dict[BlockHash, Block] = {}
         # Node ids are never reused, so a stale identity can never match a new prefix.
-        self._last_node_id = 0
+        self.last_node_id = 0
+        # Where index changes are reported (set by the allocator once the pool is registered).
+        self.events: PoolEvents | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -96,6 +99,8 @@ class BlockPool:
             # An entry whose prefix was evicted (or reset) can never be hit again: it only
             # blocks the hash. Give the hash to the prefix that is being computed now.
             del self.hash_index[block_hash]
+            if self.events is not None:
+                self.events.removed(existing)
             existing.forget_prefix()
         block.block_hash = block_hash
         block.parent_hash = parent_hash
@@ -103,6 +108,8 @@ class BlockPool:
         block.parent_key = parent_key
         block.node_id = self._new_node_id()
         self.hash_index[block_hash] = block
+        if self.events is not None:
+            self.events.stored(block)
         return block.node_id
 
     def reset_prefix_cache(self) -> int:
@@ -131,8 +138,10 @@ class BlockPool:
         assert block.block_hash is not None
         if self.hash_index.get(block.block_hash) is block:
             del self.hash_index[block.block_hash]
+            if self.events is not None:
+                self.events.removed(block)
         block.forget_prefix()
 
     def _new_node_id(self) -> int:
-        self._last_node_id += 1
-        return self._last_node_id
+        self.last_node_id += 1
+        return self.last_node_id

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
@@ -13,10 +14,21 @@ ENV_PREFIX = "PAGEDSERVE_ALLOCATOR"
 
 
 @dataclass(slots=True, frozen=True)
+class StateStoreOptions:
+    # "" keeps state in memory; redis://[:password@]host:port/db makes it durable.
+    url: str
+    namespace: str
+    snapshot_every: int
+    events_max: int
+    timeout_s: float
+
+
+@dataclass(slots=True, frozen=True)
 class AllocatorConfig:
     server: ServerOptions
     lease_ttl_s: float
     step_log_size: int
+    state: StateStoreOptions
     log_level: str
 
 
@@ -30,6 +42,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--step-log-size", type=int,
                         default=env_or(f"{ENV_PREFIX}_STEP_LOG_SIZE", 64),
                         help="recent step results kept per executor to answer retries")
+    durable = parser.add_argument_group("durability (Redis)")
+    durable.add_argument("--state-url", default=env_or(f"{ENV_PREFIX}_STATE_URL", ""),
+                         help="redis://[:PASSWORD@]HOST:PORT/DB (or rediss:// for TLS): journal "
+                              "every change there before replying and recover from it on start; "
+                              "empty keeps state in memory")
+    durable.add_argument("--state-namespace",
+                         default=env_or(f"{ENV_PREFIX}_STATE_NAMESPACE", "pagedserve:allocator"),
+                         help="prefix of every Redis key this allocator writes")
+    durable.add_argument("--snapshot-every", type=int,
+                         default=env_or(f"{ENV_PREFIX}_SNAPSHOT_EVERY", 10_000),
+                         help="journal entries between snapshots (bounds replay on restart)")
+    durable.add_argument("--events-max", type=int,
+                         default=env_or(f"{ENV_PREFIX}_EVENTS_MAX", 100_000),
+                         help="KV events kept (the stream is capped at about this many)")
+    durable.add_argument("--state-timeout", type=float,
+                         default=env_or(f"{ENV_PREFIX}_STATE_TIMEOUT", 2.0),
+                         help="seconds a Redis call may take before it counts as an outage")
     return parser
 
 
@@ -39,5 +68,28 @@ def parse_config(argv: Sequence[str] | None = None) -> AllocatorConfig:
         raise SystemExit(f"--lease-ttl must be between 0.1 and 86400 seconds, got {args.lease_ttl}")
     if not 1 <= args.step_log_size <= 100_000:
         raise SystemExit(f"--step-log-size must be between 1 and 100000, got {args.step_log_size}")
+    if args.state_url and urlsplit(args.state_url).scheme not in ("redis", "rediss", "unix"):
+        raise SystemExit(f"--state-url must be a redis://, rediss:// or unix:// URL, got "
+                         f"{redacted(args.state_url)!r}")
+    if args.snapshot_every < 1:
+        raise SystemExit(f"--snapshot-every must be at least 1, got {args.snapshot_every}")
+    if args.events_max < 1:
+        raise SystemExit(f"--events-max must be at least 1, got {args.events_max}")
+    if not 0.05 <= args.state_timeout <= 60:
+        raise SystemExit(f"--state-timeout must be between 0.05 and 60 seconds, got "
+                         f"{args.state_timeout}")
+    state = StateStoreOptions(args.state_url, args.state_namespace, args.snapshot_every,
+                              args.events_max, args.state_timeout)
     return AllocatorConfig(server=server_options(args), lease_ttl_s=args.lease_ttl,
-                           step_log_size=args.step_log_size, log_level=args.log_level)
+                           step_log_size=args.step_log_size, state=state,
+                           log_level=args.log_level)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))

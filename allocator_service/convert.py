@@ -7,6 +7,7 @@ from allocator_service.allocator import PrefixMatch, RegisteredExecutor
 from allocator_service.block import SeqId
 from allocator_service.errors import InvalidOp
 from allocator_service.inspection import BlockView, PoolStats
+from allocator_service.kv_events import KvEvent
 from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, StepResult
 from allocator_service.sequence import Sequence
 from pagedserve.allocator.v1 import allocator_pb2 as pb
@@ -110,4 +111,12 @@ def sequence_to_proto(executor_id: str, seq: Sequence) -> pb.SequenceInfo:
 def block_to_proto(view: BlockView) -> pb.BlockInfo:
     return pb.BlockInfo(block_id=view.block_id, state=view.state.value,  # type: ignore[arg-type]
                         ref_count=view.ref_count, block_hash=view.block_hash,
-                        num_tokens=view.num_tokens)
+                        num_tokens=view.num_tokens, parent_block_hash=view.parent_hash)
+
+
+def event_to_proto(event: KvEvent) -> pb.KvEvent:
+    return pb.KvEvent(seq=event.seq, type=event.type.value,  # type: ignore[arg-type]
+                      executor_id=event.executor_id, block_id=event.block_id,
+                      block_hash=event.block_hash, parent_block_hash=event.parent_hash,
+                      token_ids=event.token_ids, reason=event.reason,
+                      num_blocks=event.num_blocks, block_size=event.block_size)

@@ -22,6 +22,7 @@ class BlockView:
     ref_count: int
     block_hash: bytes
     num_tokens: int
+    parent_hash: bytes = b""
 
 
 @dataclass(slots=True)
@@ -83,7 +84,7 @@ def block_views(pool: ExecutorPool) -> list[BlockView]:
         else:
             state = BlockState.FREE
         views.append(BlockView(block.block_id, state, block.ref_count, block.block_hash or b"",
-                               fill.get(block.block_id, 0)))
+                               fill.get(block.block_id, 0), block.parent_hash or b""))
     return views
 
 

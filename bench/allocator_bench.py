@@ -14,7 +14,6 @@ import gc
 import os
 import random
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,8 @@ from tqdm import tqdm
 from allocator_report import Results, result_rows, section_body, write_plot
 from allocator_rpc import StepClient, allocator_server, connect, local_allocator, step_request
 from allocator_service.allocator_servicer import AllocatorServicer
+from allocator_service.state import AllocatorState
+from allocator_service.state_store import MemoryStore
 from allocator_service.executor_pool import ExecutorPool
 from allocator_workload import VOCAB_SIZE, DecodeBatch, ServingMix
 from bench_report import replace_section, text_table
@@ -165,7 +166,7 @@ def bench_step_latency(sizes: Sizes, channel: grpc.Channel, results: Results) ->
     client = StepClient(channel, "bench-latency", sizes.num_blocks, sizes.block_size)
     core, core_epoch = local_allocator(sizes.num_blocks, sizes.block_size)
     handler_core, handler_epoch = local_allocator(sizes.num_blocks, sizes.block_size)
-    servicer = AllocatorServicer(handler_core, threading.Lock())
+    servicer = AllocatorServicer(AllocatorState(handler_core, MemoryStore()))
     rpc_work, core_work, handler_work = (DecodeBatch(sizes.batch, seed=4) for _ in range(3))
     client.step(rpc_work.allocations())
     core.step("bench", core_epoch, 1, core_work.allocations())

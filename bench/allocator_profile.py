@@ -10,7 +10,6 @@ from __future__ import annotations
 import cProfile
 import pstats
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,8 @@ from pathlib import Path
 from allocator_rpc import local_allocator, step_request
 from allocator_service.allocator import Allocator
 from allocator_service.allocator_servicer import AllocatorServicer
+from allocator_service.state import AllocatorState
+from allocator_service.state_store import MemoryStore
 from allocator_service.executor_pool import ExecutorPool
 from allocator_service.ops import AppendOp
 from allocator_service.validation import validate_ops
@@ -93,7 +94,7 @@ def profile_hot_paths(num_blocks: int, block_size: int, batch: int, warmup_steps
     print_profile("Allocator.step, serving mix", run_mix)
 
     handler_core, handler_epoch = local_allocator(num_blocks, block_size)
-    servicer = AllocatorServicer(handler_core, threading.Lock())
+    servicer = AllocatorServicer(AllocatorState(handler_core, MemoryStore()))
     decode = DecodeBatch(batch, seed=5)
     servicer.Step(step_request("bench", handler_epoch, 1, decode.allocations()), None)
     requests = [step_request("bench", handler_epoch, step_id, decode.next_appends())

@@ -25,6 +25,7 @@ EVERY_RPC = [pytest.param(service, method, request, id=method) for service, meth
     ("AllocatorAdmin", "DumpBlocks", pb.DumpBlocksRequest()),
     ("AllocatorAdmin", "Audit", pb.AuditRequest()),
     ("AllocatorAdmin", "ResetPrefixCache", pb.ResetPrefixCacheRequest()),
+    ("AllocatorAdmin", "StreamEvents", pb.StreamEventsRequest()),
 ]]
 
 
@@ -44,7 +45,8 @@ def test_rpc_without_the_right_token_is_unauthenticated(
         request_message: object, token: str, reason: str) -> None:
     stub_class = pb_grpc.AllocatorStub if service == "Allocator" else pb_grpc.AllocatorAdminStub
     call = getattr(stub_class(auth_server.channel(token)), method)
-    error = rpc_error(lambda: call(request_message, timeout=5))
+    error = rpc_error(lambda: list(call(request_message, timeout=5)) if method == "StreamEvents"
+                      else call(request_message, timeout=5))
     assert error.code() == Code.UNAUTHENTICATED
     assert error.details() == f"{reason}; pass the service's --auth-token (PAGEDSERVE_AUTH_TOKEN)"
 
@@ -72,3 +74,7 @@ def test_every_rpc_succeeds_with_the_right_token(auth_server: AllocatorProcess) 
     assert list(admin.Audit(pb.AuditRequest(), timeout=5).violations) == []
     assert admin.ResetPrefixCache(pb.ResetPrefixCacheRequest(),
                                   timeout=5).num_entries_dropped == 0
+    events = list(admin.StreamEvents(pb.StreamEventsRequest(), timeout=5))
+    assert [(e.type, e.reason) for e in events] == [
+        (pb.KV_EVENT_TYPE_POOL_RESET, "registered"),
+        (pb.KV_EVENT_TYPE_POOL_RESET, "prefix_cache_reset")]

@@ -101,6 +101,10 @@ class GrpcService:
             signal.signal(signal.SIGINT, request_stop)
         self.server.start()
 
+    def request_stop(self) -> None:
+        """Asks run_until_signal to shut down, as SIGTERM would (from any thread)."""
+        self._stop_requested.set()
+
     def stop(self) -> None:
         """Graceful: stop advertising, let calls in flight finish within the grace period."""
         if self._stopped.is_set():

@@ -20,6 +20,13 @@ class BlockState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BLOCK_STATE_FREE: _ClassVar[BlockState]
     BLOCK_STATE_CACHED_FREE: _ClassVar[BlockState]
     BLOCK_STATE_USED: _ClassVar[BlockState]
+
+class KvEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_EVENT_TYPE_UNSPECIFIED: _ClassVar[KvEventType]
+    KV_EVENT_TYPE_BLOCK_STORED: _ClassVar[KvEventType]
+    KV_EVENT_TYPE_BLOCK_REMOVED: _ClassVar[KvEventType]
+    KV_EVENT_TYPE_POOL_RESET: _ClassVar[KvEventType]
 OP_STATUS_OK: OpStatus
 OP_STATUS_OUT_OF_BLOCKS: OpStatus
 OP_STATUS_NOT_FOUND: OpStatus
@@ -29,6 +36,10 @@ BLOCK_STATE_UNSPECIFIED: BlockState
 BLOCK_STATE_FREE: BlockState
 BLOCK_STATE_CACHED_FREE: BlockState
 BLOCK_STATE_USED: BlockState
+KV_EVENT_TYPE_UNSPECIFIED: KvEventType
+KV_EVENT_TYPE_BLOCK_STORED: KvEventType
+KV_EVENT_TYPE_BLOCK_REMOVED: KvEventType
+KV_EVENT_TYPE_POOL_RESET: KvEventType
 
 class RegisterExecutorRequest(_message.Message):
     __slots__ = ("executor_id", "address", "num_blocks", "block_size", "model_fingerprint")
@@ -247,12 +258,16 @@ class PoolStats(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_cached_free_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., usage_percent: _Optional[float] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_hit_rate: _Optional[float] = ..., tokens_stored: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., refcount_histogram: _Optional[_Iterable[_Union[RefcountBucket, _Mapping]]] = ..., num_sequences: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("pools", "total")
+    __slots__ = ("pools", "total", "state_store", "applied_seq")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STATE_STORE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolStats]
     total: PoolStats
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., total: _Optional[_Union[PoolStats, _Mapping]] = ...) -> None: ...
+    state_store: str
+    applied_seq: int
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., total: _Optional[_Union[PoolStats, _Mapping]] = ..., state_store: _Optional[str] = ..., applied_seq: _Optional[int] = ...) -> None: ...
 
 class ListExecutorsRequest(_message.Message):
     __slots__ = ()
@@ -345,18 +360,20 @@ class DumpBlocksRequest(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("block_id", "state", "ref_count", "block_hash", "num_tokens")
+    __slots__ = ("block_id", "state", "ref_count", "block_hash", "num_tokens", "parent_block_hash")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REF_COUNT_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     state: BlockState
     ref_count: int
     block_hash: bytes
     num_tokens: int
-    def __init__(self, block_id: _Optional[int] = ..., state: _Optional[_Union[BlockState, str]] = ..., ref_count: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    parent_block_hash: bytes
+    def __init__(self, block_id: _Optional[int] = ..., state: _Optional[_Union[BlockState, str]] = ..., ref_count: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., num_tokens: _Optional[int] = ..., parent_block_hash: _Optional[bytes] = ...) -> None: ...
 
 class DumpBlocksResponse(_message.Message):
     __slots__ = ("executor_id", "block_size", "blocks", "free_list")
@@ -395,3 +412,35 @@ class ResetPrefixCacheResponse(_message.Message):
     NUM_ENTRIES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     num_entries_dropped: int
     def __init__(self, num_entries_dropped: _Optional[int] = ...) -> None: ...
+
+class StreamEventsRequest(_message.Message):
+    __slots__ = ("from_seq", "follow")
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    from_seq: int
+    follow: bool
+    def __init__(self, from_seq: _Optional[int] = ..., follow: bool = ...) -> None: ...
+
+class KvEvent(_message.Message):
+    __slots__ = ("seq", "type", "executor_id", "block_id", "block_hash", "parent_block_hash", "token_ids", "reason", "num_blocks", "block_size")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    PARENT_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    type: KvEventType
+    executor_id: str
+    block_id: int
+    block_hash: bytes
+    parent_block_hash: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    num_blocks: int
+    block_size: int
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[KvEventType, str]] = ..., executor_id: _Optional[str] = ..., block_id: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., parent_block_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...

@@ -217,6 +217,11 @@ class AllocatorAdminStub(object):
                 request_serializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.ResetPrefixCacheRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.ResetPrefixCacheResponse.FromString,
                 )
+        self.StreamEvents = channel.unary_stream(
+                '/pagedserve.allocator.v1.AllocatorAdmin/StreamEvents',
+                request_serializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.StreamEventsRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.KvEvent.FromString,
+                )
 
 
 class AllocatorAdminServicer(object):
@@ -272,6 +277,14 @@ class AllocatorAdminServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamEvents(self, request, context):
+        """KV events (what entered and left each prefix cache) from a sequence number on, oldest
+        first; with follow, keeps sending new ones until the caller cancels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocatorAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -309,6 +322,11 @@ def add_AllocatorAdminServicer_to_server(servicer, server):
                     servicer.ResetPrefixCache,
                     request_deserializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.ResetPrefixCacheRequest.FromString,
                     response_serializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.ResetPrefixCacheResponse.SerializeToString,
+            ),
+            'StreamEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamEvents,
+                    request_deserializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.StreamEventsRequest.FromString,
+                    response_serializer=pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.KvEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,5 +455,22 @@ class AllocatorAdmin(object):
         return grpc.experimental.unary_unary(request, target, '/pagedserve.allocator.v1.AllocatorAdmin/ResetPrefixCache',
             pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.ResetPrefixCacheRequest.SerializeToString,
             pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.ResetPrefixCacheResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StreamEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/pagedserve.allocator.v1.AllocatorAdmin/StreamEvents',
+            pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.StreamEventsRequest.SerializeToString,
+            pagedserve_dot_allocator_dot_v1_dot_allocator__pb2.KvEvent.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
