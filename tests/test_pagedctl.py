@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from allocator_process import REPO_ROOT, AllocatorProcess, hermetic_env
+from allocator_service.block_hash import chain_hash, root_hash
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from wire_helpers import TOKEN, Executor, allocate, append, free, pool_stats, register
@@ -65,7 +68,8 @@ class TestPagedctl:
         expected = ["8", "3", "2", "3", "37.50", "0.00", "10", "12", "1"]
         assert table_row(done.stdout, CTL) == [CTL, *expected]
         assert table_row(done.stdout, "total") == ["total", *expected]
-        assert done.stdout.splitlines()[-1] == "refcount histogram (refcount: blocks): 1: 3"
+        assert done.stdout.splitlines()[-2:] == ["refcount histogram (refcount: blocks): 1: 3",
+                                                 "state in memory (not durable)"]
 
     def test_stats_json(self, server: AllocatorProcess) -> None:
         done = pagedctl(server.target, "--json", "stats", "--executor", CTL)
@@ -227,3 +231,43 @@ def test_pagedctl_needs_the_token_of_a_protected_allocator(auth_server: Allocato
     done = pagedctl(auth_server.target, "--token", TOKEN, "audit")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok: ")
+
+
+def test_events_prints_every_event_in_order_and_from_a_sequence_number(
+        allocator: AllocatorProcess) -> None:
+    ex = register(pb_grpc.AllocatorStub(allocator.channel()), "ev", num_blocks=4, block_size=4,
+                  model_fingerprint="m")
+    ex.step(allocate("a", list(range(1, 10))))
+    ex.step(append("a", num_computed_tokens=9))  # blocks 0 and 1 enter the prefix cache
+    h0 = chain_hash(root_hash("m", ""), [1, 2, 3, 4])
+    h1 = chain_hash(h0, [5, 6, 7, 8])
+    done = pagedctl(allocator.target, "events")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "#1 PoolReset    ev registered (4 blocks of 4)",
+        f"#2 BlockStored  ev block 0 hash {h0.hex()[:16]} parent "
+        f"{root_hash('m', '').hex()[:16]} tokens [1, 2, 3, 4]",
+        f"#3 BlockStored  ev block 1 hash {h1.hex()[:16]} parent {h0.hex()[:16]} "
+        "tokens [5, 6, 7, 8]",
+    ]
+    tail = pagedctl(allocator.target, "--json", "events", "--from", "3").stdout.splitlines()
+    assert [(e["seq"], e["type"], e["block_id"], e["token_ids"])
+            for e in map(json.loads, tail)] == [
+        ("3", "KV_EVENT_TYPE_BLOCK_STORED", "1", ["5", "6", "7", "8"])]
+
+
+def test_events_follow_prints_new_events_until_interrupted(allocator: AllocatorProcess) -> None:
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "pagedserve.cli.pagedctl", "--target", allocator.target,
+         "events", "--follow"], cwd=REPO_ROOT, env=hermetic_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)  # the follower is waiting on an empty stream
+        register(pb_grpc.AllocatorStub(allocator.channel()), "late", num_blocks=2, block_size=4)
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "#1 PoolReset    late registered (2 blocks of 4)\n"
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=10) == 0
+    finally:
+        follower.kill()
+        follower.wait()

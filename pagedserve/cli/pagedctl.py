@@ -1,10 +1,12 @@
 """pagedctl: inspect and administer a running allocator.
 
     pagedctl [--target HOST:PORT] [--token T] [--json] stats | executors | sequences |
-             table SEQ | blocks EXECUTOR [--png FILE] | audit | reset-prefix-cache
+             table SEQ | blocks EXECUTOR [--png FILE] | audit | reset-prefix-cache |
+             events [--from SEQ] [--follow]
 
-Human-readable tables by default, `--json` for machines. `audit` exits 1 when it finds a
-violation; any RPC error exits 2 with its status code and message.
+Human-readable tables by default, `--json` for machines (one JSON object per line for
+events). `audit` exits 1 when it finds a violation; any RPC error exits 2 with its status code
+and message.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ from pagedserve.common.config import env_or
 
 STATE_NAMES = {pb.BLOCK_STATE_FREE: "free", pb.BLOCK_STATE_CACHED_FREE: "cached-free",
                pb.BLOCK_STATE_USED: "used"}
+EVENT_NAMES = {pb.KV_EVENT_TYPE_BLOCK_STORED: "BlockStored",
+               pb.KV_EVENT_TYPE_BLOCK_REMOVED: "BlockRemoved",
+               pb.KV_EVENT_TYPE_POOL_RESET: "PoolReset"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("audit", help="check every invariant; exit 1 on a violation")
     reset = commands.add_parser("reset-prefix-cache", help="forget every cached prefix")
     reset.add_argument("--executor", default="", help="only this executor's pool")
+    events = commands.add_parser("events", help="KV events: what entered and left the caches")
+    events.add_argument("--from", dest="from_seq", type=int, default=0,
+                        help="first sequence number to print (default: the oldest kept)")
+    events.add_argument("--follow", action="store_true",
+                        help="keep printing new events until Ctrl-C")
     return parser
 
 
@@ -65,7 +75,10 @@ def show_stats(response: pb.GetStatsResponse) -> str:
                          "tokens", "slots", "seqs"], rows)
     histogram = ", ".join(f"{b.ref_count}: {b.num_blocks}"
                           for b in response.total.refcount_histogram)
-    return f"{text}\nrefcount histogram (refcount: blocks): {histogram or 'no used blocks'}"
+    durability = (f"state in {response.state_store}, journal at {response.applied_seq}"
+                  if response.state_store != "memory" else "state in memory (not durable)")
+    return (f"{text}\nrefcount histogram (refcount: blocks): {histogram or 'no used blocks'}"
+            f"\n{durability}")
 
 
 def show_executors(response: pb.ListExecutorsResponse) -> str:
@@ -103,6 +116,34 @@ def show_audit(response: pb.AuditResponse) -> str:
         return f"ok: {response.num_pools} pools, {response.num_blocks} blocks, no violations"
     return "\n".join([f"{len(response.violations)} violations:",
                       *[f"  {v}" for v in response.violations]])
+
+
+def show_event(event: pb.KvEvent) -> str:
+    head = f"#{event.seq} {EVENT_NAMES.get(event.type, '?'):<12} {event.executor_id}"
+    if event.type == pb.KV_EVENT_TYPE_POOL_RESET:
+        size = (f"{event.num_blocks} blocks of {event.block_size}" if event.num_blocks
+                else "pool gone")
+        return f"{head} {event.reason} ({size})"
+    text = f"{head} block {event.block_id} hash {event.block_hash.hex()[:16]}"
+    if event.type == pb.KV_EVENT_TYPE_BLOCK_STORED:
+        text += (f" parent {event.parent_block_hash.hex()[:16]} "
+                 f"tokens [{', '.join(map(str, event.token_ids))}]")
+    return text
+
+
+def print_events(args: argparse.Namespace) -> int:
+    """Streams events to stdout as they arrive; Ctrl-C ends a --follow cleanly."""
+    channel = open_channel(args.target, args.token, args.tls_ca)
+    call = pb_grpc.AllocatorAdminStub(channel).StreamEvents(
+        pb.StreamEventsRequest(from_seq=args.from_seq, follow=args.follow),
+        timeout=None if args.follow else args.timeout)
+    try:
+        for event in call:
+            print(json.dumps(message_to_dict(event)) if args.json else show_event(event),
+                  flush=True)
+    except KeyboardInterrupt:
+        call.cancel()
+    return 0
 
 
 def run(args: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -149,6 +190,8 @@ def message_to_dict(message: Any) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "events":
+            return print_events(args)
         response, show = run(args)
     except grpc.RpcError as error:
         print(f"pagedctl: {error.code().name}: {error.details()}", file=sys.stderr)
