@@ -75,6 +75,11 @@ class RedisStore(StateStore):
         self.client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0), redis_connect_func=self._check_server)
+        # The watchdog's pings must reach a restarted server, which `client` refuses until
+        # reconcile has looked at it: they go through a connection of their own.
+        self._prober = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0), single_connection_client=True)
         self.applied_seq = 0  # last command applied in memory
         self.durable_seq = 0  # last command Redis acknowledged
         self.snapshot_seq = 0  # last snapshot written
@@ -95,8 +100,9 @@ class RedisStore(StateStore):
         connection.on_connect()
         connection.send_command("INFO", "server")
         run_id = _run_id(connection.read_response())
+        # Until reconcile (under the state lock) has looked at the new server, every connection
+        # to it is refused, whichever thread makes it.
         if self._server_run_id is not None and run_id != self._server_run_id:
-            self._server_run_id = None
             raise redis.ConnectionError(
                 "Redis restarted since the last commit; checking what it kept before writing")
 
@@ -198,7 +204,7 @@ class RedisStore(StateStore):
 
     def probe(self) -> bool:
         try:
-            return bool(self.client.ping())
+            return bool(self._prober.ping())
         except redis.RedisError:
             return False
 
@@ -312,6 +318,7 @@ class RedisStore(StateStore):
             self._snapshots.put(None)
             self._snapshot_writer.join(timeout=10)
         self.client.close()
+        self._prober.close()
 
 
 def _run_id(info: bytes) -> bytes:
