@@ -32,7 +32,8 @@ def capture(core: Allocator) -> Json:
         "version": FORMAT_VERSION,
         "last_epoch": core.last_epoch,
         "last_event_seq": core.events.last_seq,
-        "executors": [_capture_executor(ex) for ex in core.sorted_executors()],
+        # In the core's own order (registration), so a restored core iterates alike.
+        "executors": [_capture_executor(ex) for ex in core.executors.values()],
     }
 
 
@@ -78,8 +79,8 @@ def _identity_hex(recorded: RecordedStep) -> str:
 
 def _capture_result(result: StepResult) -> Json:
     return {"num_free_blocks": result.num_free_blocks,
-            "results": [[int(r.status), r.message, r.block_table, r.num_cached_tokens,
-                         r.new_blocks, [list(copy) for copy in r.copies]]
+            "results": [[int(r.status), r.message, list(r.block_table), r.num_cached_tokens,
+                         list(r.new_blocks), [list(copy) for copy in r.copies]]
                         for r in result.results]}
 
 

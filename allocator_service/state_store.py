@@ -6,6 +6,7 @@ the KV events it caused. The in-memory store keeps nothing but a ring of recent 
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 
@@ -82,6 +83,6 @@ class MemoryStore(StateStore):
                 self._new_events.wait(wait_s)
             if not self._events or self._events[-1].seq < from_seq:
                 return []
-            # Sequence numbers are consecutive inside the ring: index straight to from_seq.
-            start = max(0, from_seq - self._events[0].seq)
+            # Numbers can skip (a change that raised drops its events), so search, not subtract.
+            start = bisect.bisect_left(self._events, from_seq, key=lambda event: event.seq)
             return [self._events[i] for i in range(start, min(len(self._events), start + limit))]

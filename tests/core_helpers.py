@@ -6,9 +6,13 @@ at the tail, a sequence's first block last (so it is evicted last).
 """
 from __future__ import annotations
 
+import struct
+from hashlib import blake2b
+
 from allocator_service.allocator import Allocator
-from allocator_service.block_hash import chain_hash
+from allocator_service.block_hash import BlockHash, chain_hash
 from allocator_service.executor_pool import ExecutorPool
+from allocator_service.inspection import block_views
 
 NUM_BLOCKS = 11
 BLOCK_SIZE = 4
@@ -52,3 +56,62 @@ def registered(**kwargs):
     executor = allocator.register_executor("e", "host:1", NUM_BLOCKS, BLOCK_SIZE, "m")
     assert executor.epoch == 1
     return allocator, executor
+
+
+# -- whole-core helpers (snapshot, journal and KV-event tests) -----------------------------------
+
+def step_digest_of(executor_id: str, epoch: int, step_id: int, ops) -> bytes:
+    """A stand-in for the server's request digest: steps identified by one can be snapshotted."""
+    return blake2b(repr((executor_id, epoch, step_id, list(ops))).encode(), digest_size=16).digest()
+
+
+def step(core: Allocator, executor_id: str, *ops):
+    """One Step of `ops` at the executor's current epoch and next step id, with a digest."""
+    executor = core.executors[executor_id]
+    step_id = executor.last_step_id + 1
+    return core.step(executor_id, executor.epoch, step_id, list(ops),
+                     step_digest_of(executor_id, executor.epoch, step_id, ops))
+
+
+def weak_hash(parent: BlockHash, tokens) -> BlockHash:
+    """Two possible values: most blocks collide, after the same prefix or another one."""
+    return BlockHash(bytes([(parent[0] + sum(tokens)) % 2]) * 16)
+
+
+def parent_blind_hash(parent: BlockHash, tokens) -> BlockHash:
+    """Ignores the chain: equal blocks after different prefixes collide."""
+    return BlockHash(blake2b(struct.pack(f"<{len(tokens)}I", *tokens), digest_size=16).digest())
+
+
+def core_state(core: Allocator) -> dict:
+    """Everything a core holds except leases, load figures and undrained events, read straight
+    from its objects (not through snapshot.py), in a form that compares with ==."""
+    return {"last_epoch": core.last_epoch, "last_event_seq": core.events.last_seq,
+            "executors": {eid: _executor_state(core, ex)
+                          for eid, ex in sorted(core.executors.items())}}
+
+
+def _executor_state(core: Allocator, ex) -> dict:
+    pool = ex.pool
+    blocks = pool.blocks
+    return {
+        "executor_id": ex.executor_id, "address": ex.address, "epoch": ex.epoch,
+        "model_fingerprint": ex.model_fingerprint, "last_step_id": ex.last_step_id,
+        "step_log": [(sid, rec.identity, rec.result) for sid, rec in ex.step_log.items()],
+        "num_blocks": pool.num_blocks, "block_size": pool.block_size,
+        "pool_fingerprint": pool.model_fingerprint, "num_free_blocks": pool.num_free_blocks,
+        "block_views": block_views(pool),
+        "blocks": [(b.block_id, b.ref_count, b.block_hash, b.parent_hash, b.token_ids,
+                    b.node_id, b.parent_key) for b in blocks.blocks],
+        "free_list": free_ids(pool),
+        "hash_index": {h: (b.block_id, b.parent_hash, b.token_ids, b.node_id, b.parent_key)
+                       for h, b in blocks.hash_index.items()},
+        "last_node_id": blocks.last_node_id,
+        "sequences": [(sid, seq.seq_id, seq.cache_salt, seq.block_ids(), list(seq.token_ids),
+                       seq.num_cached_tokens, seq.num_computed_tokens, seq.num_hashed_blocks,
+                       seq.chain_hash, seq.chain_key) for sid, seq in pool.sequences.items()],
+        "prefix_counters": (pool.prefix_query_tokens, pool.prefix_hit_tokens),
+        "hash_fn": blocks.hash_fn,
+        "events_wired": (blocks.events is not None and blocks.events.log is core.events
+                         and blocks.events.executor_id == ex.executor_id),
+    }
