@@ -42,7 +42,7 @@ class KvEvent:
     seq: int
     type: KvEventType
     executor_id: str
-    block_id: int = -1
+    block_id: int = 0
     block_hash: bytes = b""
     parent_hash: bytes = b""
     token_ids: tuple[int, ...] = ()

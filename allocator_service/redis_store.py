@@ -79,7 +79,7 @@ class RedisStore(StateStore):
         # reconcile has looked at it: they go through a connection of their own.
         self._prober = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0), single_connection_client=True)
+            retry=Retry(NoBackoff(), 0))
         self.applied_seq = 0  # last command applied in memory
         self.durable_seq = 0  # last command Redis acknowledged
         self.snapshot_seq = 0  # last snapshot written
@@ -171,10 +171,11 @@ class RedisStore(StateStore):
             self._write(seq, command, events)
         except redis.RedisError as error:
             self.pending = _Pending(seq, command, events)
-            self.mark_down(f"the write of {command.kind} #{seq} failed: {error}")
+            reason = _describe(error)
+            self.mark_down(f"the write of {command.kind} #{seq} failed: {reason}")
             raise Unavailable(
                 f"the allocator's state store {self.description} did not take this change "
-                f"({error}); it is kept and written once the store is back. Retry later: a "
+                f"({reason}); it is kept and written once the store is back. Retry later: a "
                 "Step retried with the same step_id gets its recorded result") from error
         self.durable_seq = seq
         if seq - self.snapshot_seq >= self.snapshot_every and self._snapshots.empty():
@@ -216,6 +217,11 @@ class RedisStore(StateStore):
         except redis.RedisError as error:
             log.info("state store %s still unavailable: %s", self.description, error)
             return False
+        except StoreConflict as conflict:
+            if self._down_reason != str(conflict):
+                log.error("state store %s: %s", self.description, conflict)
+            self.mark_down(str(conflict))
+            return False
         return True
 
     def _reconcile(self, core: Allocator) -> None:
@@ -226,7 +232,17 @@ class RedisStore(StateStore):
                 f"only {self.applied_seq}: another allocator writes to the same keys "
                 f"({self.keys.journal}); give each its own database or namespace")
         pending = self.pending
-        if pending is not None and stored == pending.seq - 1:
+        if pending is not None and stored == pending.seq:
+            # It landed before the connection broke, unless someone else wrote that entry.
+            ((_, fields),) = self.client.xrange(self.keys.journal,
+                                                min=redis_codec.entry_id(stored),
+                                                max=redis_codec.entry_id(stored))
+            if redis_codec.command_from_fields(fields) != pending.command:
+                raise StoreConflict(
+                    f"journal entry {stored} is not the change this allocator made: another "
+                    f"allocator writes to the same keys ({self.keys.journal}); give each its "
+                    "own database or namespace")
+        elif pending is not None and stored == pending.seq - 1:
             self._write(pending.seq, pending.command, pending.events)
         elif stored < self.applied_seq:
             self._reseed(core, f"it holds journal entry {stored}, memory is at "
@@ -319,6 +335,13 @@ class RedisStore(StateStore):
             self._snapshot_writer.join(timeout=10)
         self.client.close()
         self._prober.close()
+
+
+def _describe(error: redis.RedisError) -> str:
+    """The error without the command redis-py quotes in it (a Step's raw request bytes)."""
+    text = str(error)
+    marker = "of pipeline caused error: "
+    return text.split(marker, 1)[1] if marker in text else text
 
 
 def _run_id(info: bytes) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ pytest.register_assert_rewrite("core_helpers", "wire_helpers")
 
 from allocator_process import AllocatorProcess  # noqa: E402
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
+from redis_process import RedisProcess  # noqa: E402
 from wire_helpers import TOKEN, Executor, register  # noqa: E402
 
 
@@ -34,6 +36,32 @@ def start_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
 
     def start(*extra_args: str) -> AllocatorProcess:
         started.append(AllocatorProcess(*extra_args))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+# -- durable allocators and their Redis ----------------------------------------------------------
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A redis-server of its own for one test: append-only file with an fsync per write, so
+    what it acknowledged survives its kill()."""
+    with RedisProcess(tmp_path / "redis") as process:
+        yield process
+
+
+@pytest.fixture
+def durable_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
+    """Starts allocators that journal to a Redis, e.g. durable_allocator(redis_server.url,
+    "--snapshot-every", "5"); each waits for SERVING (its state loaded), and every one started
+    is stopped when the test ends (stop() also reaps one the test killed with SIGKILL)."""
+    started: list[AllocatorProcess] = []
+
+    def start(state_url: str, *extra_args: str) -> AllocatorProcess:
+        started.append(AllocatorProcess("--state-url", state_url, *extra_args))
         return started[-1]
 
     yield start
