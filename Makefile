@@ -42,8 +42,10 @@ test: $(INSTALLED) $(PROTOC_PY) redis-server
 run: $(INSTALLED)
 	$(BIN)/pagedserve up --allocator-port $(PORT)
 
-bench: $(INSTALLED)
+# Each benchmark rewrites its own section of docs/benchmarks.md and its plot under docs/img/.
+bench: $(INSTALLED) redis-server
 	$(BIN)/python bench/allocator_bench.py
+	$(BIN)/python bench/durability_bench.py
 
 clean:
 	rm -rf $(VENV) $(PROTOC_VENV)

@@ -2,8 +2,6 @@
 same core and requests in-process for comparison."""
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,29 +16,21 @@ from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
 
-READY_PREFIX = "allocator listening on "
+# The harnesses that run the real allocator and redis-server as subprocesses live with the tests
+# (allocator_process.py, redis_process.py); the benchmarks reuse them from there.
+TESTS_DIR = str(Path(__file__).resolve().parent.parent / "tests")
+if TESTS_DIR not in sys.path:
+    sys.path.append(TESTS_DIR)
+
+from allocator_process import AllocatorProcess  # noqa: E402
 
 
 @contextmanager
-def allocator_server() -> Iterator[str]:
-    """Starts `python -m allocator_service` on a free loopback port; yields host:port."""
-    process = subprocess.Popen([sys.executable, "-m", "allocator_service", "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               cwd=Path(__file__).resolve().parent.parent)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if not line.startswith(READY_PREFIX):
-            raise RuntimeError(f"allocator did not start (exit code {process.poll()}, "
-                               f"first line {line!r})")
-        yield line[len(READY_PREFIX):].strip()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def allocator_server(*extra_args: str) -> Iterator[str]:
+    """Starts `python -m allocator_service` on a free loopback port with `extra_args` and waits
+    until it reports SERVING; yields host:port. Stopped (SIGTERM, then SIGKILL) on exit."""
+    with AllocatorProcess(*extra_args) as process:
+        yield process.target
 
 
 class StepClient:
@@ -57,6 +47,10 @@ class StepClient:
         self.last_step_id = 0
         # Ops whose result was not OK, over every step sent.
         self.num_not_ok = 0
+
+    def reconnect(self, channel: grpc.Channel) -> None:
+        """Talks to the allocator over another channel (a restarted server), same pool."""
+        self.stub = pb_grpc.AllocatorStub(channel)
 
     def request(self, ops: Sequence[BlockOp]) -> pb.StepRequest:
         self.last_step_id += 1

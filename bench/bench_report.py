@@ -85,6 +85,27 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def text_grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Any table as aligned plain text, for the terminal (first column left, the rest right)."""
+    cells = [list(header)] + [list(row) for row in rows]
+    widths = [max(len(cell[i]) for cell in cells) for i in range(len(header))]
+
+    def line(cell: list[str]) -> str:
+        return "  ".join(text.ljust(width) if i == 0 else text.rjust(width)
+                         for i, (text, width) in enumerate(zip(cell, widths))).rstrip()
+
+    return "\n".join([line(cells[0]), "  ".join("-" * width for width in widths)]
+                     + [line(cell) for cell in cells[1:]])
+
+
+def markdown_grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Any table as markdown (first column left-aligned, the rest right-aligned)."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def replace_section(page: Path, heading: str, body: str) -> None:
     """Writes `## heading` + body into the page, replacing that section up to the next `## `.
 
