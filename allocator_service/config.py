@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                          default=env_or(f"{ENV_PREFIX}_STATE_NAMESPACE", "pagedserve:allocator"),
                          help="prefix of every Redis key this allocator writes")
     durable.add_argument("--snapshot-every", type=int,
-                         default=env_or(f"{ENV_PREFIX}_SNAPSHOT_EVERY", 10_000),
+                         default=env_or(f"{ENV_PREFIX}_SNAPSHOT_EVERY", 2_000),
                          help="journal entries between snapshots (bounds replay on restart)")
     durable.add_argument("--events-max", type=int,
                          default=env_or(f"{ENV_PREFIX}_EVENTS_MAX", 100_000),

@@ -63,7 +63,7 @@ class StoreConflict(RuntimeError):
 
 class RedisStore(StateStore):
     def __init__(self, url: str, namespace: str = redis_codec.DEFAULT_NAMESPACE,
-                 snapshot_every: int = 10_000, events_max: int = 100_000,
+                 snapshot_every: int = 2_000, events_max: int = 100_000,
                  timeout_s: float = 2.0) -> None:
         self.description = redacted(url)
         self.keys = redis_codec.Keys.under(namespace)
