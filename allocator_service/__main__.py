@@ -48,6 +48,8 @@ def load_state(state: AllocatorState, stop: threading.Event, log: logging.Logger
             state.store.load(state.core)
             return True
         except StoreUnreachable as error:
+            # It may have broken off halfway through the journal: start again from nothing.
+            state.core = state.core.empty_like()
             attempt += 1
             if attempt == 1 or attempt % 30 == 0:
                 log.warning("cannot load state from %s yet (%s); retrying",

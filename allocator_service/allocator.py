@@ -73,6 +73,11 @@ class Allocator:
         # change and publishes them with it.
         self.events = KvEventLog()
 
+    def empty_like(self) -> Allocator:
+        """A new allocator with these settings and no state (to load into from scratch)."""
+        return Allocator(self.limits, self.lease_ttl_s, self.step_log_size, self.clock,
+                         self.hash_fn)
+
     # -- registration and lease ------------------------------------------------------------
 
     def build_pool(self, executor_id: str, address: str, num_blocks: int, block_size: int,

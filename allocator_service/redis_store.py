@@ -83,6 +83,7 @@ class RedisStore(StateStore):
         self.applied_seq = 0  # last command applied in memory
         self.durable_seq = 0  # last command Redis acknowledged
         self.snapshot_seq = 0  # last snapshot written
+        self._captured_seq = 0  # last snapshot captured (written, or on its way)
         self.pending: _Pending | None = None
         self.loaded = False
         self.available = False
@@ -178,8 +179,14 @@ class RedisStore(StateStore):
                 f"({reason}); it is kept and written once the store is back. Retry later: a "
                 "Step retried with the same step_id gets its recorded result") from error
         self.durable_seq = seq
-        if seq - self.snapshot_seq >= self.snapshot_every and self._snapshots.empty():
-            self._snapshots.put_nowait((seq, snapshot.capture(core)))
+        if seq - max(self.snapshot_seq, self._captured_seq) >= self.snapshot_every:
+            # Counted from the last capture, not the last write: the write takes a while, and
+            # capturing again meanwhile would stall a step for nothing.
+            self._captured_seq = seq
+            try:
+                self._snapshots.put_nowait((seq, snapshot.capture(core)))
+            except queue.Full:  # the writer is far behind; the next interval tries again
+                pass
 
     def _write(self, seq: int, command: Command, events: list[KvEvent]) -> None:
         pipe = self.client.pipeline(transaction=True)
