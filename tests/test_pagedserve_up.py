@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from allocator_process import REPO_ROOT, hermetic_env
+from redis_process import RedisProcess
 
 
 def test_up_starts_the_allocator_shows_stats_and_stops_cleanly() -> None:
@@ -31,3 +32,12 @@ def test_up_fails_with_the_log_tail_when_a_service_cannot_start() -> None:
     assert run.returncode == 1
     assert "allocator exited with code 1; last lines of its log:" in run.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in run.stderr
+
+
+def test_up_with_a_state_url_runs_a_durable_allocator(redis_server: RedisProcess) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "pagedserve.cli.main", "up", "--allocator-port", "0",
+         "--state-url", redis_server.url, "--exit-when-ready"],
+        cwd=REPO_ROOT, env=hermetic_env(), capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"state in {redis_server.url}, journal at 0" in run.stdout

@@ -65,8 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def show_stats(response: pb.GetStatsResponse) -> str:
+    durability = (f"state in {response.state_store}, journal at {response.applied_seq}"
+                  if response.state_store != "memory" else "state in memory (not durable)")
     if not response.pools:
-        return "no executor has registered a pool yet"
+        return f"no executor has registered a pool yet\n{durability}"
     rows = [[p.executor_id, p.num_blocks, p.num_used_blocks, p.num_cached_free_blocks,
              p.num_free_blocks, p.usage_percent, p.prefix_hit_rate * 100, p.tokens_stored,
              p.slots_allocated, p.num_sequences]
@@ -75,8 +77,6 @@ def show_stats(response: pb.GetStatsResponse) -> str:
                          "tokens", "slots", "seqs"], rows)
     histogram = ", ".join(f"{b.ref_count}: {b.num_blocks}"
                           for b in response.total.refcount_histogram)
-    durability = (f"state in {response.state_store}, journal at {response.applied_seq}"
-                  if response.state_store != "memory" else "state in memory (not durable)")
     return (f"{text}\nrefcount histogram (refcount: blocks): {histogram or 'no used blocks'}"
             f"\n{durability}")
 

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allocator-port", type=int, default=50052,
                         help="allocator port (0 picks a free one)")
     parser.add_argument("--auth-token", default="", help="bearer token for every service")
+    parser.add_argument("--state-url", default="",
+                        help="redis://HOST:PORT/DB: the allocator's durable state (default: "
+                             "in memory)")
     parser.add_argument("--exit-when-ready", action="store_true",
                         help="stop everything once the stack is up (for smoke tests)")
     return parser
@@ -90,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
 def up(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     auth = ["--auth-token", args.auth_token] if args.auth_token else []
+    state = ["--state-url", args.state_url] if args.state_url else []
     children = [ChildService("allocator", [sys.executable, "-m", "allocator_service",
-                                           "--port", str(args.allocator_port), *auth])]
+                                           "--port", str(args.allocator_port), *auth, *state])]
     stop_requested = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
     signal.signal(signal.SIGINT, lambda *_: stop_requested.set())
