@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from tqdm import tqdm
@@ -30,10 +29,9 @@ from allocator_service.state import AllocatorState
 from allocator_service.state_store import MemoryStore
 from allocator_service.executor_pool import ExecutorPool
 from allocator_workload import VOCAB_SIZE, DecodeBatch, ServingMix
-from bench_report import replace_section, text_table
+from bench_report import add_output_flags, output_paths, replace_section, text_table
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(slots=True, frozen=True)
@@ -236,20 +234,13 @@ def full_gc_pauses(pauses: list[float]) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny smoke run; writes the doc and plot only when given explicitly")
-    parser.add_argument("--out-md", type=Path, default=None,
-                        help="markdown page whose `## Allocator` section is replaced "
-                             "(default docs/benchmarks.md; none with --quick)")
-    parser.add_argument("--out-png", type=Path, default=None,
-                        help="plot (default docs/img/allocator_bench.png; none with --quick)")
+    add_output_flags(parser)
     parser.add_argument("--profile", action="store_true",
                         help="afterwards, print cProfile's hottest functions of Allocator.step "
                              "and of the Step handler (not timed, not written)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
-    out_md = args.out_md or (None if args.quick else ROOT / "docs" / "benchmarks.md")
-    out_png = args.out_png or (None if args.quick else ROOT / "docs/img/allocator_bench.png")
+    out_md, out_png = output_paths(args, "allocator_bench.png")
 
     results = Results(sizes.num_blocks, sizes.block_size, sizes.batch,
                       load_at_start=os.getloadavg()[0])

@@ -5,6 +5,7 @@ several benchmarks share the page and each rewrites just what it measured.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import math
 import os
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 PAGE_HEADER = """# Benchmarks
 
 Results written by the scripts under `bench/`, one section per script; rerun a script to replace
@@ -130,3 +132,22 @@ def today() -> str:
 
 def _met(met: bool | None) -> str:
     return "—" if met is None else ("yes" if met else "NO")
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """--quick, --out-md and --out-png, alike for every benchmark."""
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny smoke run; writes the doc and plot only when given explicitly")
+    parser.add_argument("--out-md", type=Path, default=None,
+                        help="markdown page whose section is replaced "
+                             "(default docs/benchmarks.md; none with --quick)")
+    parser.add_argument("--out-png", type=Path, default=None,
+                        help="plot (default docs/img/<benchmark>.png; none with --quick)")
+
+
+def output_paths(args: argparse.Namespace, png_name: str) -> tuple[Path | None, Path | None]:
+    """Where to write the doc section and the plot: the defaults unless --quick or given."""
+    out_md = args.out_md or (None if args.quick else ROOT / "docs" / "benchmarks.md")
+    out_png = args.out_png or (None if args.quick else ROOT / "docs" / "img" / png_name)
+    return out_md, out_png
+

@@ -32,7 +32,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_report import replace_section, text_grid, text_table
+from bench_report import add_output_flags, output_paths, replace_section, text_grid, text_table
 from durability_config import QUICK, Sizes
 from durability_handler import bench_handlers, profile_durable_handler
 from durability_latency import bench_latency, bench_mix, journaled, start_targets
@@ -41,7 +41,6 @@ from durability_recovery import bench_recovery
 from durability_report import (Results, latency_grid, recovery_grid, result_rows, section_body,
                                target_lines)
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- the machine: what appendfsync always waits for -------------------------------------------
@@ -77,13 +76,7 @@ def fsync_p50_ms(directory: Path, count: int = 100) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny smoke run; writes the doc and plot only when given explicitly")
-    parser.add_argument("--out-md", type=Path, default=None,
-                        help="markdown page whose `## Durability` section is replaced "
-                             "(default docs/benchmarks.md; none with --quick)")
-    parser.add_argument("--out-png", type=Path, default=None,
-                        help="plot (default docs/img/durability_bench.png; none with --quick)")
+    add_output_flags(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where the redis-servers keep their files (default: a fresh "
                              "temporary directory, removed afterwards); fsync cost depends on it")
@@ -92,8 +85,7 @@ def main(argv: list[str] | None = None) -> None:
                              "on RedisStore (not timed, not written)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
-    out_md = args.out_md or (None if args.quick else ROOT / "docs" / "benchmarks.md")
-    out_png = args.out_png or (None if args.quick else ROOT / "docs/img/durability_bench.png")
+    out_md, out_png = output_paths(args, "durability_bench.png")
 
     data_dir = Path(tempfile.mkdtemp(prefix="pagedserve-durability-", dir=args.data_dir))
     results = Results(sizes.num_blocks, sizes.block_size, load_at_start=os.getloadavg()[0],

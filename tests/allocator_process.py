@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from typing import IO
 import grpc
 
 from pagedserve.common.client import is_serving, open_channel
+from pagedserve.common.processes import stop_gracefully
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_PREFIX = "allocator listening on "
@@ -142,13 +142,7 @@ class AllocatorProcess:
         for channel in self._channels:
             channel.close()
         self._channels.clear()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_gracefully(self.process, timeout_s)
         for reader in self._readers:
             reader.join(timeout=2.0)
         return self.process.returncode

@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import collections
 import shlex
-import signal
 import socket
 import subprocess
 import threading
@@ -35,6 +34,8 @@ from typing import IO, Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from pagedserve.common.processes import stop_gracefully
 
 REDIS_SERVER = "/usr/bin/redis-server"
 HOST = "127.0.0.1"
@@ -246,13 +247,7 @@ class RedisProcess:
         """
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_gracefully(self.process, timeout_s)
         self._finish()
         return self.process.returncode
 

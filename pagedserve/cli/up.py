@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from pagedserve.cli import pagedctl
 from pagedserve.common.client import is_serving, open_channel
+from pagedserve.common.processes import stop_gracefully
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -67,14 +68,8 @@ class ChildService:
         return f"{self.name} {what}; last lines of its log:\n" + "\n".join(self.log_tail)
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            stop_gracefully(self.process, timeout_s)
 
 
 def build_parser() -> argparse.ArgumentParser:
