@@ -261,6 +261,17 @@ class Allocator:
                             f"({', '.join(ex.executor_id for ex in holders)}); name one")
         return holders[0], SeqId(seq_id)
 
+    def announce_every_index(self) -> None:
+        """Emits, per pool, PoolReset(resync) and then every prefix-cache entry as stored, so
+        an event reader that lost events rebuilds each index from here. Changes no state."""
+        for executor in self.sorted_executors():
+            pool = executor.pool
+            self.events.emit(KvEventType.POOL_RESET, executor.executor_id,
+                             reason=PoolResetReason.RESYNC, num_blocks=pool.num_blocks,
+                             block_size=pool.block_size)
+            for block in pool.blocks.hash_index.values():
+                pool.blocks.events.stored(block)  # type: ignore[union-attr]
+
     def reset_prefix_cache(self, executor_id: str = "") -> int:
         """Drops every prefix-cache entry of one pool, or of all; returns how many."""
         dropped = 0

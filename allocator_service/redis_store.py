@@ -40,7 +40,7 @@ from allocator_service import commands, redis_codec, snapshot
 from allocator_service.allocator import Allocator
 from allocator_service.commands import Command
 from allocator_service.config import redacted
-from allocator_service.kv_events import KvEvent, KvEventType, PoolResetReason
+from allocator_service.kv_events import KvEvent
 from allocator_service.state_store import StateStore, StoreUnreachable
 from pagedserve.common.errors import Unavailable
 
@@ -265,13 +265,7 @@ class RedisStore(StateStore):
         readers to rebuild each pool's index from the entries that follow."""
         log.error("state store %s lost data (%s); writing a fresh snapshot from memory",
                   self.description, why)
-        for executor in core.sorted_executors():
-            pool = executor.pool
-            core.events.emit(KvEventType.POOL_RESET, executor.executor_id,
-                             reason=PoolResetReason.RESYNC, num_blocks=pool.num_blocks,
-                             block_size=pool.block_size)
-            for block in pool.blocks.hash_index.values():
-                pool.blocks.events.stored(block)  # type: ignore[union-attr]
+        core.announce_every_index()
         with self._snapshot_lock:
             pipe = self.client.pipeline(transaction=True)
             self._add_snapshot(pipe, self.applied_seq, snapshot.capture(core))
@@ -330,7 +324,7 @@ class RedisStore(StateStore):
         wait_s = min(wait_s, self.timeout_s / 2)
         if not entries and wait_s > 0:
             # XREAD returns entries strictly after the id given.
-            after = redis_codec.entry_id(max(0, from_seq - 1)) if from_seq > 1 else "0-0"
+            after = redis_codec.entry_id(max(0, from_seq - 1))
             found = self.client.xread({self.keys.events: after}, count=limit,
                                       block=max(1, int(wait_s * 1000)))
             entries = found[0][1] if found else []
