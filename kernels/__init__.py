@@ -1,1 +1,24 @@
-"""Triton paged-attention kernels with torch references (a later issue)."""
+"""Paged-attention kernels: Triton on CUDA, a pure-torch reference beside each for the CPU.
+
+The public functions (re-exported from `dispatch`) take the KV cache in the layout described in
+`kv_cache` and pick the implementation from the tensors' device. The Triton launchers live in
+one file per kernel (`store_kv`, `decode_attention`, `prefill_attention`, `copy_blocks`) and their
+references under `kernels/reference/`.
+"""
+from kernels.dispatch import (
+    copy_blocks,
+    paged_decode_attention,
+    paged_prefill_attention,
+    store_kv,
+)
+from kernels.kv_cache import KvCacheSpec, allocate_kv_cache, layer_caches
+
+__all__ = [
+    "KvCacheSpec",
+    "allocate_kv_cache",
+    "copy_blocks",
+    "layer_caches",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "store_kv",
+]

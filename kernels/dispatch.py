@@ -1,0 +1,65 @@
+"""The kernels' public entry points: Triton where the cache is on a GPU, the torch reference
+where it is on the CPU. Triton is imported only on the GPU path, so a machine without it (a
+laptop) still serves through the references."""
+from __future__ import annotations
+
+import torch
+
+from kernels.reference.copy_blocks import copy_blocks_reference
+from kernels.reference.decode_attention import paged_decode_attention_reference
+from kernels.reference.prefill_attention import paged_prefill_attention_reference
+from kernels.reference.store_kv import store_kv_reference
+
+
+def runs_triton(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Writes each token's K and V into the cache slot slot_mapping names (-1: skipped)."""
+    if runs_triton(key_cache):
+        from kernels.store_kv import store_kv_triton as implementation
+    else:
+        implementation = store_kv_reference
+    implementation(key, value, key_cache, value_cache, slot_mapping)
+
+
+def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, block_tables: torch.Tensor,
+                           context_lens: torch.Tensor, scale: float, *,
+                           max_context_len: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """One query token per sequence over its paged context (decode_attention.py)."""
+    if runs_triton(key_cache):
+        from kernels.decode_attention import paged_decode_attention_triton as implementation
+    else:
+        implementation = paged_decode_attention_reference
+    return implementation(query, key_cache, value_cache, block_tables, context_lens, scale,
+                          max_context_len=max_context_len, out=out)
+
+
+def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, block_tables: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                            scale: float, *, max_query_len: int | None = None,
+                            max_seq_len: int | None = None,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of a flattened batch of new tokens over their paged contexts
+    (prefill_attention.py)."""
+    if runs_triton(key_cache):
+        from kernels.prefill_attention import paged_prefill_attention_triton as implementation
+    else:
+        implementation = paged_prefill_attention_reference
+    return implementation(query, key_cache, value_cache, block_tables, query_start_loc,
+                          seq_lens, scale, max_query_len=max_query_len,
+                          max_seq_len=max_seq_len, out=out)
+
+
+def copy_blocks(kv_cache: torch.Tensor, block_pairs) -> None:
+    """Copies every (src, dst) block in all layers, K and V (copy_blocks.py)."""
+    if runs_triton(kv_cache):
+        from kernels.copy_blocks import copy_blocks_triton as implementation
+    else:
+        implementation = copy_blocks_reference
+    implementation(kv_cache, block_pairs)
