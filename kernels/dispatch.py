@@ -19,7 +19,8 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
              value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Writes each token's K and V into the cache slot slot_mapping names (-1: skipped)."""
     if runs_triton(key_cache):
-        from kernels.store_kv import store_kv_triton as implementation
+        from kernels.triton import store_kv as kernel
+        implementation = kernel.store_kv_triton
     else:
         implementation = store_kv_reference
     implementation(key, value, key_cache, value_cache, slot_mapping)
@@ -30,9 +31,10 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, *,
                            max_context_len: int | None = None,
                            out: torch.Tensor | None = None) -> torch.Tensor:
-    """One query token per sequence over its paged context (decode_attention.py)."""
+    """One query token per sequence over its paged context (kernels/triton/decode_attention.py)."""
     if runs_triton(key_cache):
-        from kernels.decode_attention import paged_decode_attention_triton as implementation
+        from kernels.triton import decode_attention as kernel
+        implementation = kernel.paged_decode_attention_triton
     else:
         implementation = paged_decode_attention_reference
     return implementation(query, key_cache, value_cache, block_tables, context_lens, scale,
@@ -46,9 +48,10 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor,
                             max_seq_len: int | None = None,
                             out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a flattened batch of new tokens over their paged contexts
-    (prefill_attention.py)."""
+    (kernels/triton/prefill_attention.py)."""
     if runs_triton(key_cache):
-        from kernels.prefill_attention import paged_prefill_attention_triton as implementation
+        from kernels.triton import prefill_attention as kernel
+        implementation = kernel.paged_prefill_attention_triton
     else:
         implementation = paged_prefill_attention_reference
     return implementation(query, key_cache, value_cache, block_tables, query_start_loc,
@@ -57,9 +60,10 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor,
 
 
 def copy_blocks(kv_cache: torch.Tensor, block_pairs) -> None:
-    """Copies every (src, dst) block in all layers, K and V (copy_blocks.py)."""
+    """Copies every (src, dst) block in all layers, K and V (kernels/triton/copy_blocks.py)."""
     if runs_triton(kv_cache):
-        from kernels.copy_blocks import copy_blocks_triton as implementation
+        from kernels.triton import copy_blocks as kernel
+        implementation = kernel.copy_blocks_triton
     else:
         implementation = copy_blocks_reference
     implementation(kv_cache, block_pairs)

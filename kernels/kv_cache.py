@@ -9,9 +9,9 @@ so layer `l`'s key cache is the contiguous view `kv_cache[l, 0]` of shape
 `[num_blocks, block_size, num_kv_heads, head_dim]`, and a token's slot is
 `block_id * block_size + offset`: viewed as `[num_slots, num_kv_heads, head_dim]`, a slot is one
 row. Keeping every layer in one allocation lets copy-on-write copy a block in all layers with a
-single launch (see copy_blocks.py), and a token's K (or V) for all heads is one contiguous run of
-`num_kv_heads * head_dim` elements, which is what store_kv writes and what the attention kernels
-read per token.
+single launch (see triton/copy_blocks.py), and a token's K (or V) for all heads is one contiguous
+run of `num_kv_heads * head_dim` elements, which is what store_kv writes and what the attention
+kernels read per token.
 """
 from __future__ import annotations
 

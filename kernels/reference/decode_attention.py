@@ -14,7 +14,7 @@ def paged_decode_attention_reference(
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
     max_context_len: int | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as kernels.decode_attention.paged_decode_attention_triton."""
+    """Same contract as kernels.triton.decode_attention.paged_decode_attention_triton."""
     if max_context_len is None:
         max_context_len = int(context_lens.max()) if context_lens.numel() else 0
     group = check_decode_args(query, key_cache, value_cache, block_tables, context_lens,

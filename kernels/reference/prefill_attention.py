@@ -14,7 +14,7 @@ def paged_prefill_attention_reference(
     scale: float, *, max_query_len: int | None = None, max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as kernels.prefill_attention.paged_prefill_attention_triton."""
+    """Same contract as kernels.triton.prefill_attention.paged_prefill_attention_triton."""
     del max_query_len  # read from the lengths below
     lens = seq_lens.tolist()
     starts = query_start_loc.tolist()
