@@ -14,7 +14,7 @@ PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
 PORT        ?= 50052
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test protos check-protos redis-server clean bench
+.PHONY: run test protos check-protos redis-server clean bench bench-kernels
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ run: $(INSTALLED)
 bench: $(INSTALLED) redis-server
 	$(BIN)/python bench/allocator_bench.py
 	$(BIN)/python bench/durability_bench.py
+
+# Needs a CUDA GPU (without one it says so and exits 2); rewrites `## Kernels` and its plot.
+bench-kernels: $(INSTALLED)
+	$(BIN)/python bench/kernels_bench.py
 
 clean:
 	rm -rf $(VENV) $(PROTOC_VENV)
