@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.checks import check_decode_args, check_output
+from kernels.triton.paged_tile import attend_tile, paged_kv_offsets
 from kernels.triton_support import (
     dot_precision,
     multiprocessor_count,
@@ -79,28 +80,13 @@ def _decode_partition_kernel(
     for tile_start in range(start, end, TILE):
         token = tile_start + tl.arange(0, TILE)
         token_mask = token < end
-        block = tl.load(table_row + token // BLOCK_SIZE, mask=token_mask, other=0).to(tl.int64)
-        row = (block * BLOCK_SIZE + token % BLOCK_SIZE) * NUM_KV_HEADS + kv_head
-        kv_offset = row[:, None] * HEAD_DIM + channel[None, :]
-        kv_mask = token_mask[:, None] & channel_mask[None, :]
-        key = tl.load(key_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
-        if UPCAST_DOT:
-            key = key.to(tl.float32)
-        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale_log2
-        scores = tl.where(token_mask[None, :], scores, float("-inf"))
-
-        # Every tile holds at least one real token, so the new max is finite and no row of
-        # `probs` is NaN.
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        probs = tl.exp2(scores - new_max[:, None])
-        rescale = tl.exp2(running_max - new_max)
-        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
-        value = tl.load(value_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
-        if UPCAST_DOT:
-            value = value.to(tl.float32)
-        acc = acc * rescale[:, None] + tl.dot(probs.to(value.dtype), value,
-                                              input_precision=DOT_PRECISION)
-        running_max = new_max
+        kv_offset = paged_kv_offsets(table_row, token, token_mask, kv_head, channel,
+                                     NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+        # Every tile holds at least one real token, which every query head sees.
+        running_max, running_sum, acc = attend_tile(
+            query, key_cache_ptr, value_cache_ptr, kv_offset,
+            token_mask[:, None] & channel_mask[None, :], token_mask[None, :],
+            running_max, running_sum, acc, scale_log2, UPCAST_DOT, DOT_PRECISION)
 
     if SINGLE_PARTITION:
         # An empty context (a padding row) leaves acc and the sum at zero: write zeros.

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.checks import check_output, check_prefill_args
+from kernels.triton.paged_tile import attend_tile, paged_kv_offsets
 from kernels.triton_support import dot_precision, next_power_of_2, upcast_dot
 
 TILE = 64           # context tokens per inner iteration
@@ -81,29 +82,14 @@ def _prefill_kernel(
     for tile_start in range(0, kv_end, TILE):
         kv_pos = tile_start + tl.arange(0, TILE)
         kv_pos_mask = kv_pos < kv_end
-        block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_pos_mask, other=0).to(tl.int64)
-        kv_row = (block * BLOCK_SIZE + kv_pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head
-        kv_offset = kv_row[:, None] * HEAD_DIM + channel[None, :]
-        kv_mask = kv_pos_mask[:, None] & channel_mask[None, :]
-        key = tl.load(key_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
-        if UPCAST_DOT:
-            key = key.to(tl.float32)
-        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale_log2
+        kv_offset = paged_kv_offsets(table_row, kv_pos, kv_pos_mask, kv_head, channel,
+                                     NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+        # Position 0 is visible to every row and lies in the first tile.
         visible = (kv_pos[None, :] <= query_pos[:, None]) & kv_pos_mask[None, :]
-        scores = tl.where(visible, scores, float("-inf"))
-
-        # Position 0 is visible to every row and lies in the first tile, so running_max is
-        # finite from then on and a row that sees nothing of a later tile gets zeros, not NaN.
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        probs = tl.exp2(scores - new_max[:, None])
-        rescale = tl.exp2(running_max - new_max)
-        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
-        value = tl.load(value_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
-        if UPCAST_DOT:
-            value = value.to(tl.float32)
-        acc = acc * rescale[:, None] + tl.dot(probs.to(value.dtype), value,
-                                              input_precision=DOT_PRECISION)
-        running_max = new_max
+        running_max, running_sum, acc = attend_tile(
+            query, key_cache_ptr, value_cache_ptr, kv_offset,
+            kv_pos_mask[:, None] & channel_mask[None, :], visible,
+            running_max, running_sum, acc, scale_log2, UPCAST_DOT, DOT_PRECISION)
 
     result = acc / running_sum[:, None]
     tl.store(out_ptr + token[:, None] * out_stride_token + head[:, None] * out_stride_head
