@@ -11,11 +11,20 @@ from kernels_report import Results
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
+def powers_of_two_axis(axes, ticks) -> None:
+    """A log2 x axis labelled at exactly the swept values (sizes double from one to the next)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    axes.set_xscale("log", base=2)
+    axes.xaxis.set_major_locator(FixedLocator(list(ticks)))
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+
+
 def write_plot(r: Results, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     s = r.shapes
     figure, (bandwidth, decode_ratio, prefill_ratio) = plt.subplots(1, 3, figsize=(17, 5.5))
@@ -39,10 +48,7 @@ def write_plot(r: Results, path: Path) -> None:
     if target is not None:
         bandwidth.plot([target.context], [target.gbs], "*", color="crimson", markersize=14,
                        label=f"target point: batch {target.batch} × {target.context:,}")
-    bandwidth.set_xscale("log", base=2)
-    bandwidth.xaxis.set_major_locator(FixedLocator(list(s.contexts)))
-    bandwidth.xaxis.set_minor_locator(NullLocator())
-    bandwidth.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    powers_of_two_axis(bandwidth, s.contexts)
     bandwidth.set_ylim(bottom=0)
     bandwidth.set_xlabel("context (tokens per sequence)")
     bandwidth.set_ylabel("achieved GB/s (K/V + queries + outputs / time)")
@@ -59,10 +65,7 @@ def write_plot(r: Results, path: Path) -> None:
     decode_ratio.axhline(TARGET_RATIO, color="black", linestyle="--", linewidth=1.2,
                          label=f"target ≤ {TARGET_RATIO}×")
     decode_ratio.axhline(1.0, color="lightgrey", linewidth=0.8)
-    decode_ratio.set_xscale("log", base=2)
-    decode_ratio.xaxis.set_major_locator(FixedLocator(list(s.block_sizes)))
-    decode_ratio.xaxis.set_minor_locator(NullLocator())
-    decode_ratio.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    powers_of_two_axis(decode_ratio, s.block_sizes)
     decode_ratio.set_xlabel("block size (tokens)")
     decode_ratio.set_ylabel("paged time / SDPA time on contiguous K/V")
     decode_ratio.set_title(f"Decode at {s.target_context:,} context: paged / SDPA")
@@ -79,10 +82,7 @@ def write_plot(r: Results, path: Path) -> None:
                                    color=color(i, len(s.prefill_batches)),
                                    label=f"batch {batch}, block {block_size}")
     prefill_ratio.axhline(1.0, color="lightgrey", linewidth=0.8)
-    prefill_ratio.set_xscale("log", base=2)
-    prefill_ratio.xaxis.set_major_locator(FixedLocator(list(s.prefill_lengths)))
-    prefill_ratio.xaxis.set_minor_locator(NullLocator())
-    prefill_ratio.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    powers_of_two_axis(prefill_ratio, s.prefill_lengths)
     prefill_ratio.set_xlabel("prompt length (tokens, none cached)")
     prefill_ratio.set_ylabel("paged time / SDPA time (causal)")
     prefill_ratio.set_title("Causal prefill: paged / SDPA")
