@@ -1,0 +1,60 @@
+"""Self-attention of one decoder layer over the paged KV cache.
+
+Projections carry Hugging Face's parameter names (q_proj, k_proj, v_proj, o_proj, and Qwen3's
+q_norm / k_norm), so a checkpoint's weights load by name. The step's new K/V are stored into
+their slots first; then decode rows and prefill rows each go through their kernel.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from executor_service.model.attention_batch import AttentionBatch
+from executor_service.model.layers import RMSNorm
+from executor_service.model.model_config import ModelConfig
+from executor_service.model.rope import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim ** -0.5
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                key_cache: torch.Tensor, value_cache: torch.Tensor,
+                batch: AttentionBatch) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        query = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
+        key = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        value = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            query, key = self.q_norm(query), self.k_norm(key)
+        query, key = rotary(positions, query, key)
+        kernels.store_kv(key, value, key_cache, value_cache, batch.slot_mapping)
+
+        out = torch.empty_like(query)
+        split = batch.num_decode_tokens
+        if split:
+            kernels.paged_decode_attention(
+                query[:split], key_cache, value_cache, batch.decode_block_tables,
+                batch.decode_context_lens, self.scale, max_context_len=batch.max_decode_context,
+                out=out[:split])
+        if batch.num_prefill_seqs:
+            kernels.paged_prefill_attention(
+                query[split:], key_cache, value_cache, batch.prefill_block_tables,
+                batch.prefill_query_start, batch.prefill_seq_lens, self.scale,
+                max_query_len=batch.max_prefill_query, max_seq_len=batch.max_prefill_seq,
+                out=out[split:])
+        return self.o_proj(out.view(tokens, self.num_heads * self.head_dim))

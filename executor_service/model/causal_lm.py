@@ -1,0 +1,77 @@
+"""One decoder-only model for every supported architecture (Llama, Mistral, Qwen2, Qwen3),
+written for flattened variable-length batches over the paged KV cache.
+
+The architectures differ only in switches ModelConfig already resolved (biases, Qwen3's q/k
+norm, tied embeddings, head_dim, RoPE scaling). Module names follow Hugging Face's, so
+`model.layers.3.self_attn.q_proj.weight` in a checkpoint is that parameter here.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executor_service.model.attention import Attention
+from executor_service.model.attention_batch import AttentionBatch
+from executor_service.model.layers import RMSNorm, SwiGLU
+from executor_service.model.model_config import ModelConfig
+from executor_service.model.rope import RotaryEmbedding
+from kernels import layer_caches
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary: RotaryEmbedding | None = None
+
+    def build_rotary(self, max_positions: int, device: torch.device) -> None:
+        """Built apart from the weights: the weights are created on the meta device and loaded,
+        the cos/sin table is computed."""
+        with torch.device(device):
+            self.rotary = RotaryEmbedding(self.config.rope, self.config.head_dim, max_positions)
+
+    def output_embedding(self) -> torch.Tensor:
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.weight
+        return self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                batch: AttentionBatch) -> torch.Tensor:
+        """Hidden states `[tokens, hidden]` after the final norm, for `input_ids [tokens]` at
+        `positions [tokens]`; each token's K/V is stored into its slot of `kv_cache`."""
+        hidden = self.model.embed_tokens(input_ids)
+        for index, layer in enumerate(self.model.layers):
+            key_cache, value_cache = layer_caches(kv_cache, index)
+            residual = hidden
+            hidden = layer.self_attn(layer.input_layernorm(hidden), positions, self.rotary,
+                                     key_cache, value_cache, batch)
+            hidden = residual + hidden
+            residual = hidden
+            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.model.norm(hidden)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.output_embedding())

@@ -1,0 +1,83 @@
+"""Loading a local Hugging Face checkpoint directory into CausalLM.
+
+Weights come from `model.safetensors`, or from the shards a `model.safetensors.index.json`
+names. The model is built on the meta device (no time spent initialising weights that are
+overwritten anyway), materialised on the target device, and every parameter is filled from the
+checkpoint by name. A missing or unexpected tensor, or one of the wrong shape, refuses the
+checkpoint: it would mean the config and the weights disagree, and serving it would be wrong.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from executor_service.model.causal_lm import CausalLM
+from executor_service.model.model_config import ModelConfig, UnsupportedModel
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Tensors some checkpoints carry that the math does not use (recomputed from the config).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_dtype(requested: str, config: ModelConfig, device: torch.device) -> torch.dtype:
+    """`auto`: the checkpoint's own dtype on a GPU; float32 on the CPU, where half-precision
+    matmuls are slow or missing."""
+    if requested != "auto":
+        if requested not in DTYPES:
+            raise ValueError(f"--dtype must be auto or one of {', '.join(DTYPES)}, "
+                             f"got {requested!r}")
+        return DTYPES[requested]
+    if device.type == "cpu":
+        return torch.float32
+    return DTYPES.get(config.checkpoint_dtype.removeprefix("torch."), torch.bfloat16)
+
+
+def weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / shard for shard in shards]
+    single = directory / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise UnsupportedModel(f"{directory} holds no model.safetensors (nor a sharded index); "
+                           "only safetensors checkpoints are served")
+
+
+def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
+               device: torch.device, max_positions: int) -> CausalLM:
+    directory = Path(directory)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    parameters = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for path in weight_files(directory):
+        with safe_open(str(path), framework="pt", device="cpu") as shard:
+            for name in shard.keys():
+                if name.endswith(IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue  # some tied checkpoints store the shared matrix twice
+                if name not in parameters:
+                    raise UnsupportedModel(f"{path.name} holds {name}, which a "
+                                           f"{config.architecture} with this config does not "
+                                           "have")
+                tensor = shard.get_tensor(name)
+                target = parameters[name]
+                if tensor.shape != target.shape:
+                    raise UnsupportedModel(f"{name} is {tuple(tensor.shape)} in {path.name}, "
+                                           f"the config implies {tuple(target.shape)}")
+                with torch.no_grad():
+                    target.copy_(tensor.to(dtype))
+                loaded.add(name)
+    missing = sorted(set(parameters) - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        raise UnsupportedModel(f"the checkpoint in {directory} lacks {shown}")
+    model.build_rotary(max_positions, device)
+    return model.eval()
