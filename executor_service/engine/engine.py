@@ -1,0 +1,203 @@
+"""The engine: requests in, token deltas out, one iteration per `step()`.
+
+An iteration plans (scheduler.py), sends its block ops in one Step, computes (model_runner.py)
+and samples (sampler.py). When nothing in the forward pass depends on the Step's answer (every
+running sequence already has its slots mirrored, nothing is admitted, forked or copied), the
+forward pass runs while the Step is in flight and the answer is mirrored afterwards: that is
+how lookahead keeps decode off the allocator's critical path.
+
+The gRPC executor service drives this same class from its serving loop; tests and benchmarks
+drive it directly (with the allocator core in-process, see block_allocator.py).
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+
+import torch
+
+from allocator_service.ops import AppendOp, FreeOp, OpStatus
+from executor_service.engine.block_allocator import BlockAllocator
+from executor_service.engine.model_runner import ModelRunner
+from executor_service.engine.outputs import OutputCollector
+from executor_service.engine.request import Request, RequestOutput
+from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
+from executor_service.engine.sampling_params import SamplingParams
+from executor_service.engine.scheduler import Scheduler, SchedulerConfig
+from executor_service.engine.sequence import Sequence, SequenceStatus
+from executor_service.engine.step_plan import StepPlan
+from executor_service.engine.stop_check import finish_reason
+from executor_service.model.causal_lm import CausalLM
+from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
+
+
+class Engine:
+    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
+                 scheduler_config: SchedulerConfig, *, max_model_len: int,
+                 eos_token_ids: Seq[int], sampler_seed: int | None = None) -> None:
+        self.model, self.allocator = model, allocator
+        self.vocab_size = model.config.vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.scheduler = Scheduler(scheduler_config)
+        self.runner = ModelRunner(model, kv_cache, scheduler_config.block_size)
+        self.sampler = Sampler(sampler_seed)
+        self.requests: dict[str, Request] = {}
+        self.outputs = OutputCollector()
+        self._arrivals = itertools.count()
+        self.num_steps = 0
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
+                    cache_salt: str = "") -> None:
+        if request_id in self.requests:
+            raise AlreadyExists(f"request {request_id!r} is already running")
+        if not prompt_token_ids:
+            raise InvalidArgument("the prompt must hold at least one token")
+        bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidArgument(f"prompt token {bad} is outside the vocabulary "
+                                  f"[0, {self.vocab_size})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidArgument(f"the prompt has {len(prompt_token_ids)} tokens; the context "
+                                  f"window is {self.max_model_len}, leaving no room to generate")
+        params.validate(self.vocab_size)
+        request = Request(request_id, list(prompt_token_ids), params, cache_salt,
+                          arrival=next(self._arrivals))
+        generator = None if params.seed is None else \
+            make_generator(params.seed, self.runner.device)
+        request.sequences.append(Sequence(f"{request_id}#0", request, 0,
+                                          list(prompt_token_ids), len(prompt_token_ids),
+                                          generator=generator))
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        """Cancels a request; its blocks go back in the next Step."""
+        request = self.requests.get(request_id)
+        if request is None:
+            raise NotFound(f"no running request {request_id!r}")
+        request.cancelled = True
+        for seq in request.sequences:
+            if seq.status is not SequenceStatus.FINISHED:
+                self.scheduler.finish(seq, "cancelled")
+                self.outputs.finished(seq)
+        self._collect_finished(request)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or self.outputs.pending()
+
+    # -- one iteration --------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.plan()
+        if plan.ops:
+            self.num_steps += 1
+            handle = self.allocator.submit(plan.block_ops())
+            if plan.needs_answer:
+                self._apply(plan, handle.result())
+                logits, sampled = self.runner.execute(plan.work, plan.copies)
+            else:
+                logits, sampled = self.runner.execute(plan.work, plan.copies)
+                self._apply(plan, handle.result())
+            if logits is not None:
+                self._sample(logits, sampled)
+        return self.outputs.drain(self.requests)
+
+    def _apply(self, plan: StepPlan, result) -> None:
+        for seq, chunk in self.scheduler.apply(plan, result):
+            self._make_room(plan, seq, chunk)
+        for request in self.scheduler.errored:
+            self._collect_finished(request)
+        self.scheduler.errored.clear()
+
+    def _make_room(self, plan: StepPlan, seq: Sequence, chunk: int) -> None:
+        """Preempts the most recently admitted requests until `seq` gets the blocks it needs
+        this iteration, or is itself the one preempted."""
+        while seq.status is SequenceStatus.RUNNING:
+            victim = self.scheduler.preemption_victim()
+            freed = self.scheduler.preempt(victim)
+            plan.work = [(s, c) for s, c in plan.work if s.request is not victim]
+            ops = [FreeOp(seq_id) for seq_id in freed]
+            if victim is seq.request:
+                self.allocator.submit(ops).result()
+                return
+            reported = len(seq.token_ids)
+            ops.append(AppendOp(seq.seq_id, tuple(seq.token_ids[seq.num_reported:]), 0,
+                                seq.num_computed))
+            answer = self.allocator.submit(ops).result().results[-1]
+            if answer.status is OpStatus.OK:
+                self.scheduler.grown(plan, seq, answer)
+                seq.num_reported = reported
+                plan.work.append((seq, chunk))
+                return
+
+    def _sample(self, logits: torch.Tensor, sampled: list[Sequence]) -> None:
+        rows: list[SamplingRow] = []
+        owners: list[tuple[Sequence, int]] = []   # (sequence, choice index it produces)
+        for seq in sampled:
+            request = seq.request
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            fanout = request.params.n if seq.index == 0 and not request.forked else 1
+            for index in range(fanout):
+                generator = seq.generator if index == 0 else self._child_generator(request, index)
+                rows.append(SamplingRow(request.params, request.prompt_token_ids,
+                                        seq.output_token_ids, generator))
+                owners.append((seq, index))
+        if not rows:
+            return
+        positions = {seq: i for i, seq in enumerate(sampled)}
+        picked = logits[torch.tensor([positions[seq] for seq, _ in owners],
+                                     device=logits.device)]
+        result = self.sampler.sample(picked, rows)
+        chosen = list(zip(owners, result.token_ids, result.logprobs))
+        # Children first: a parent that stops at its first token must not end the request
+        # before its siblings exist.
+        children = [self._fork_child(seq, index, token) for (seq, index), token, _ in chosen
+                    if index > 0]
+        for seq in sampled:
+            if seq.index == 0:
+                seq.request.forked = True
+        for (seq, index), token, logprobs in chosen:
+            if index == 0:
+                seq.token_ids.append(token)
+                self._record(seq, token, logprobs)
+        for child, ((_, index), token, logprobs) in zip(
+                children, [c for c in chosen if c[0][1] > 0]):
+            self._record(child, token, logprobs)
+
+    def _child_generator(self, request: Request, index: int) -> torch.Generator | None:
+        if request.params.seed is None:
+            return None
+        return make_generator(child_seed(request.params.seed, index), self.runner.device)
+
+    def _fork_child(self, parent: Sequence, index: int, token: int) -> Sequence:
+        """Choice `index` of an n > 1 request: the prompt's blocks come from a Fork of
+        `parent` in the next Step, its first token was sampled from the parent's last logits."""
+        request = parent.request
+        prompt = request.prompt_token_ids
+        child = Sequence(f"{request.request_id}#{index}", request, index, prompt + [token],
+                         len(prompt), generator=self._child_generator(request, index),
+                         num_computed=len(prompt), num_reported=len(prompt),
+                         fork_parent=parent)
+        request.sequences.append(child)
+        return child
+
+    def _record(self, seq: Sequence, token: int, logprobs) -> None:
+        self.outputs.token(seq, token, logprobs)
+        reason = finish_reason(seq.request.params, seq.output_token_ids, self.eos_token_ids,
+                               num_tokens=len(seq.token_ids), max_model_len=self.max_model_len)
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.outputs.finished(seq)
+            self._collect_finished(seq.request)
+
+    def _collect_finished(self, request: Request) -> None:
+        if request.finished and request.request_id in self.requests:
+            for seq in request.sequences:
+                if seq.finish_reason == "error":
+                    self.outputs.finished(seq)
+            self.outputs.request_done(request)
+            del self.requests[request.request_id]

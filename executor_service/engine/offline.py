@@ -1,0 +1,48 @@
+"""Running an engine to completion over a list of prompts: for tests, benchmarks and scripts
+that want whole answers rather than a stream."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from executor_service.engine.engine import Engine
+from executor_service.engine.request import Usage
+from executor_service.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class Completion:
+    request_id: str
+    # Generated token ids of each choice (n of them).
+    choices: list[list[int]] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
+    usage: Usage | None = None
+    error: str | None = None
+
+
+def generate(engine: Engine, prompts: Sequence[Sequence[int]],
+             params: SamplingParams | Sequence[SamplingParams], *,
+             cache_salt: str = "", max_steps: int = 1_000_000) -> list[Completion]:
+    """Submits every prompt at once and steps until all are done; completions in prompt order."""
+    all_params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    completions = {}
+    for index, (prompt, request_params) in enumerate(zip(prompts, all_params)):
+        request_id = f"offline-{id(completions)}-{index}"
+        engine.add_request(request_id, prompt, request_params, cache_salt)
+        completions[request_id] = Completion(request_id,
+                                             [[] for _ in range(request_params.n)],
+                                             [None] * request_params.n)
+    for _ in range(max_steps):
+        if not engine.has_work():
+            break
+        for output in engine.step():
+            completion = completions[output.request_id]
+            for delta in output.deltas:
+                completion.choices[delta.index] += delta.token_ids
+                if delta.finish_reason is not None:
+                    completion.finish_reasons[delta.index] = delta.finish_reason
+            if output.finished:
+                completion.usage, completion.error = output.usage, output.error
+    else:
+        raise RuntimeError(f"the engine did not finish within {max_steps} steps")
+    return list(completions.values())

@@ -1,0 +1,61 @@
+"""What the engine reports after each step: per request, the tokens each choice gained, the
+choices that finished and why, and the usage once the whole request is done."""
+from __future__ import annotations
+
+from executor_service.engine.request import (Request, RequestOutput, SequenceDelta,
+                                             TokenLogprob, Usage)
+from executor_service.engine.sampler import TokenLogprobs
+from executor_service.engine.sequence import Sequence
+
+
+class OutputCollector:
+    def __init__(self) -> None:
+        self._deltas: dict[str, dict[int, SequenceDelta]] = {}
+        self._requests: dict[str, Request] = {}
+        self._done: set[str] = set()
+
+    def _delta(self, seq: Sequence) -> SequenceDelta:
+        request = seq.request
+        self._requests[request.request_id] = request
+        deltas = self._deltas.setdefault(request.request_id, {})
+        if seq.index not in deltas:
+            deltas[seq.index] = SequenceDelta(seq.index, [])
+        return deltas[seq.index]
+
+    def token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
+        delta = self._delta(seq)
+        delta.token_ids.append(token)
+        if logprobs is not None:
+            if delta.logprobs is None:
+                delta.logprobs = []
+            delta.logprobs.append(TokenLogprob(token, logprobs.logprob, logprobs.top))
+
+    def finished(self, seq: Sequence) -> None:
+        self._delta(seq).finish_reason = seq.finish_reason
+
+    def request_done(self, request: Request) -> None:
+        self._requests[request.request_id] = request
+        self._deltas.setdefault(request.request_id, {})
+        self._done.add(request.request_id)
+
+    def pending(self) -> bool:
+        return bool(self._deltas)
+
+    def drain(self, _live: dict[str, Request] | None = None) -> list[RequestOutput]:
+        outputs = []
+        for request_id, deltas in self._deltas.items():
+            request = self._requests[request_id]
+            done = request_id in self._done
+            outputs.append(RequestOutput(
+                request_id, [deltas[index] for index in sorted(deltas)], finished=done,
+                usage=usage(request) if done else None, error=request.error if done else None))
+        self._deltas.clear()
+        self._requests.clear()
+        self._done.clear()
+        return outputs
+
+
+def usage(request: Request) -> Usage:
+    return Usage(prompt_tokens=len(request.prompt_token_ids),
+                 completion_tokens=sum(len(seq.output_token_ids) for seq in request.sequences),
+                 cached_tokens=request.sequences[0].num_cached_tokens)

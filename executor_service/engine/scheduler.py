@@ -1,0 +1,226 @@
+"""Continuous batching: which sequences run each iteration, and the block ops that get them
+their slots.
+
+Every iteration (`plan`):
+1. frees what finished or was cancelled since the last one;
+2. forks the children of an `n > 1` request whose prompt was just computed (they share its
+   blocks; the first write into a shared block copies it);
+3. runs every running sequence: a decode costs one token of the budget
+   (`max_num_batched_tokens`), a prompt still being computed gets a chunk of what is left;
+4. admits waiting requests, oldest first, while budget and `max_num_seqs` allow.
+
+Each running sequence's Append reports its new tokens and its computed mark, and asks for
+`lookahead_slots` beyond the token it is about to write, so a decode normally finds its next
+slot already in its mirrored table and the forward pass does not wait for the allocator. When
+it does wait (lookahead could not be granted in time), that is a stall, counted. When the pool
+is out of blocks for a sequence that has no slot left, the most recently admitted request is
+preempted: freed, requeued at the front, and recomputed later (the prefix cache usually still
+holds most of it).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from allocator_service.ops import AllocateOp, ForkOp, OpResult, OpStatus, StepResult
+from executor_service.engine.request import Request
+from executor_service.engine.sequence import Sequence, SequenceStatus
+from executor_service.engine.step_plan import StepPlan
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    block_size: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    lookahead_slots: int = 4
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []          # in admission order
+        self.pending_frees: list[str] = []
+        self._admissions = itertools.count()
+        self.num_preemptions = 0
+        self.num_stalls = 0
+        # Requests an op refused for good (e.g. a prompt larger than the pool), to report.
+        self.errored: list[Request] = []
+
+    # -- requests in and out --------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Ends a sequence; its blocks go back in the next Step."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.pending_frees.append(seq.seq_id)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        request = seq.request
+        if request.finished:
+            if request in self.running:
+                self.running.remove(request)
+            elif request in self.waiting:
+                self.waiting.remove(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.pending_frees)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(seq.status is SequenceStatus.RUNNING
+                   for request in self.running for seq in request.sequences)
+
+    # -- one iteration --------------------------------------------------------------------------
+
+    def plan(self) -> StepPlan:
+        plan = StepPlan()
+        # Forks before frees: a parent that finished at its first token still has the blocks
+        # its children are forked from.
+        for request in self.running:
+            for seq in request.sequences:
+                if seq.fork_parent is not None and seq.status is SequenceStatus.WAITING:
+                    plan.fork(seq.fork_parent, seq)
+        for seq_id in self.pending_frees:
+            plan.free(seq_id)
+        self.pending_frees.clear()
+        budget = self.config.max_num_batched_tokens
+        for request in self.running:
+            budget = self._plan_request(plan, request, budget)
+        while self.waiting and budget > 0 and self._room_for(self.waiting[0]):
+            request = self.waiting.popleft()
+            self.running.append(request)
+            budget = self._plan_request(plan, request, budget)
+        return plan
+
+    def _plan_request(self, plan: StepPlan, request: Request, budget: int) -> int:
+        """Plans every sequence of a running request the budget reaches; returns what is left."""
+        for seq in request.sequences:
+            if seq.status is SequenceStatus.FINISHED or budget == 0:
+                continue
+            if seq.status is SequenceStatus.WAITING and seq.fork_parent is None:
+                plan.allocate(seq, self.config.lookahead_slots)
+                chunk = min(seq.num_uncomputed, budget)
+                plan.work.append((seq, chunk))
+            else:
+                chunk = self._run(plan, seq, budget)
+            budget -= chunk
+        return budget
+
+    def _run(self, plan: StepPlan, seq: Sequence, budget: int) -> int:
+        """Plans one running (or being-forked) sequence; returns the tokens it computes."""
+        chunk = 1 if seq.is_decoding else min(seq.num_uncomputed, budget)
+        end = seq.num_computed + chunk
+        lookahead = self.config.lookahead_slots if end == len(seq.token_ids) else 0
+        plan.append(seq, lookahead)
+        blocked = seq.fork_parent is not None or seq.may_copy_on_write or \
+            seq.capacity(self.config.block_size) < end
+        if blocked:
+            plan.needs_answer = True
+            if seq.is_decoding and seq.fork_parent is None and not seq.may_copy_on_write:
+                plan.stalled += 1
+        plan.work.append((seq, chunk))
+        return chunk
+
+    def _room_for(self, request: Request) -> bool:
+        waiting = sum(seq.status is SequenceStatus.WAITING for seq in request.sequences)
+        return self.num_running_seqs + waiting <= self.config.max_num_seqs
+
+    # -- the Step's answer ----------------------------------------------------------------------
+
+    def apply(self, plan: StepPlan, result: StepResult) -> list[tuple[Sequence, int]]:
+        """Mirrors the answer into the sequences. Returns the (sequence, chunk) pairs that must
+        run this iteration but got no slot (out of blocks): the engine preempts for them."""
+        self.num_stalls += plan.stalled
+        stuck: list[Sequence] = []
+        for planned, answer in zip(plan.ops, result.results):
+            seq = planned.seq
+            if seq is None or seq.status is SequenceStatus.FINISHED:
+                continue
+            if answer.status is not OpStatus.OK:
+                self._refused(plan, seq, answer, stuck)
+                continue
+            if isinstance(planned.op, AllocateOp):
+                if seq.request not in self.running:  # a sibling's admission failed: give back
+                    self.pending_frees.append(seq.seq_id)
+                    continue
+                seq.block_table = list(answer.block_table)
+                if seq.request.num_preemptions == 0:  # usage reports the first admission's
+                    seq.num_cached_tokens = answer.num_cached_tokens
+                seq.num_computed = answer.num_cached_tokens
+                seq.status = SequenceStatus.RUNNING
+                if seq.request.admitted < 0:
+                    seq.request.admitted = next(self._admissions)
+            elif isinstance(planned.op, ForkOp):
+                parent = seq.fork_parent
+                seq.block_table = list(answer.block_table)
+                seq.status, seq.fork_parent = SequenceStatus.RUNNING, None
+                shares_tail = parent.num_prompt_tokens % self.config.block_size != 0
+                seq.may_copy_on_write = parent.may_copy_on_write = shares_tail
+            else:
+                self.grown(plan, seq, answer)
+            seq.num_reported = planned.reported
+        chunks = dict((seq, chunk) for seq, chunk in plan.work)
+        plan.work = [(seq, min(chunk, seq.num_uncomputed)) for seq, chunk in plan.work
+                     if seq.status is SequenceStatus.RUNNING and seq not in stuck]
+        return [(seq, chunks[seq]) for seq in stuck]
+
+    def grown(self, plan: StepPlan, seq: Sequence, answer: OpResult) -> None:
+        for src, dst in answer.copies:
+            seq.block_table[seq.block_table.index(src)] = dst
+            plan.copies.append((src, dst))
+        seq.block_table.extend(answer.new_blocks)
+        if len(seq.token_ids) > seq.num_reported:
+            seq.may_copy_on_write = False  # the shared block was written (or copied) now
+
+    def _refused(self, plan: StepPlan, seq: Sequence, answer: OpResult,
+                 stuck: list[Sequence]) -> None:
+        request = seq.request
+        if answer.status is OpStatus.OUT_OF_BLOCKS and seq.status is SequenceStatus.WAITING:
+            # Not admitted: back to the front of the queue, whole, to wait for blocks.
+            for other in request.sequences:
+                if other.status is SequenceStatus.RUNNING:
+                    self.pending_frees.append(other.seq_id)
+                    other.release_blocks()
+            if request in self.running:
+                self.running.remove(request)
+                self.waiting.appendleft(request)
+            return
+        if answer.status is OpStatus.OUT_OF_BLOCKS:
+            # Only the lookahead failed if the slots this iteration writes are covered.
+            chunk = next((c for s, c in plan.work if s is seq), 0)
+            covered = seq.capacity(self.config.block_size) >= seq.num_computed + chunk
+            if chunk and (not covered or seq.may_copy_on_write):
+                stuck.append(seq)
+            return
+        request.error = answer.message or answer.status.name
+        self.errored.append(request)
+        for other in request.sequences:
+            if other.status is not SequenceStatus.FINISHED:
+                self.finish(other, "error")
+
+    # -- preemption -----------------------------------------------------------------------------
+
+    def preemption_victim(self) -> Request | None:
+        admitted = [request for request in self.running if request.admitted >= 0]
+        return max(admitted, key=lambda request: request.admitted, default=None)
+
+    def preempt(self, request: Request) -> list[str]:
+        """Takes a request's blocks away: returns the sequence ids to free now. Its tokens
+        stay, so it resumes by recomputing them."""
+        freed = []
+        for seq in request.sequences:
+            if seq.status is SequenceStatus.RUNNING:
+                freed.append(seq.seq_id)
+                seq.release_blocks()
+            seq.fork_parent = None
+        request.admitted = -1
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        if request in self.running:
+            self.running.remove(request)
+        self.waiting.appendleft(request)
+        return freed
