@@ -1,0 +1,1 @@
+"""Model loading for the executor: checkpoints on disk and the embedded default model."""
