@@ -1,0 +1,126 @@
+"""The executor's client of the allocator service: the engine's BlockAllocator over gRPC.
+
+A Step is sent with `Step.future`, so the engine computes while it is in flight. An allocator
+that does not answer (restarting, or its Redis down) is retried with the SAME step id and
+backoff: the allocator is idempotent per step id, so a reply lost with a crash is recovered
+without applying anything twice, and a durable allocator that comes back continues where it was.
+An allocator that no longer knows this executor, or knows it under a newer epoch, lost (or
+handed on) our pool: `PoolLost` tells the engine to re-register and recompute what it ran.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from allocator_service.convert import op_to_proto
+from allocator_service.ops import BlockOp, OpResult, OpStatus, StepResult
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
+from pagedserve.common.client import open_channel
+
+log = logging.getLogger(__name__)
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+LOST = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+class PoolLost(Exception):
+    """The allocator no longer holds this executor's pool at our epoch."""
+
+
+class AllocatorGone(Exception):
+    """The allocator did not answer within the retry deadline."""
+
+
+def step_result_from_proto(response: pb.StepResponse) -> StepResult:
+    results = [OpResult(OpStatus(r.status), r.message, list(r.block_table), r.num_cached_tokens,
+                        list(r.new_blocks), [(c.src_block, c.dst_block) for c in r.copies])
+               for r in response.results]
+    return StepResult(results, response.num_free_blocks, response.replayed)
+
+
+class RemoteStep:
+    """A Step in flight; `result()` waits for it, resending it while the allocator is away."""
+
+    def __init__(self, client: RemoteBlockAllocator, request: pb.StepRequest) -> None:
+        self.client, self.request = client, request
+        self.future = client.stub.Step.future(request, timeout=client.call_timeout_s)
+
+    def result(self) -> StepResult:
+        deadline = time.monotonic() + self.client.retry_deadline_s
+        backoff = 0.05
+        while True:
+            try:
+                return step_result_from_proto(self.future.result())
+            except grpc.RpcError as error:
+                code = error.code()
+                if code in LOST:
+                    raise PoolLost(error.details()) from None
+                if code not in RETRIED or time.monotonic() > deadline:
+                    raise AllocatorGone(f"Step {self.request.step_id}: {code.name}: "
+                                        f"{error.details()}") from None
+                log.warning("allocator unavailable (%s); retrying step %d in %.2fs", code.name,
+                            self.request.step_id, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                self.future = self.client.stub.Step.future(self.request,
+                                                           timeout=self.client.call_timeout_s)
+
+
+class RemoteBlockAllocator:
+    def __init__(self, target: str, executor_id: str, address: str, *, token: str = "",
+                 tls_ca: str = "", call_timeout_s: float = 10.0,
+                 retry_deadline_s: float = 120.0) -> None:
+        self.channel = open_channel(target, token, tls_ca)
+        self.stub = pb_grpc.AllocatorStub(self.channel)
+        self.executor_id, self.address = executor_id, address
+        self.call_timeout_s, self.retry_deadline_s = call_timeout_s, retry_deadline_s
+        self.epoch = 0
+        self.lease_ttl_s = 10.0
+        self.last_step_id = 0
+        self._lock = threading.Lock()
+
+    def register(self, num_blocks: int, block_size: int, model_fingerprint: str) -> int:
+        """Registers (or re-registers: the pool starts empty), waiting for the allocator."""
+        request = pb.RegisterExecutorRequest(
+            executor_id=self.executor_id, address=self.address, num_blocks=num_blocks,
+            block_size=block_size, model_fingerprint=model_fingerprint)
+        deadline = time.monotonic() + self.retry_deadline_s
+        while True:
+            try:
+                reply = self.stub.RegisterExecutor(request, timeout=self.call_timeout_s)
+                break
+            except grpc.RpcError as error:
+                if error.code() not in RETRIED or time.monotonic() > deadline:
+                    raise
+                log.info("waiting for the allocator (%s)", error.code().name)
+                time.sleep(0.2)
+        with self._lock:
+            self.epoch, self.last_step_id = reply.epoch, 0
+            self.lease_ttl_s = reply.lease_ttl_s or self.lease_ttl_s
+        return reply.epoch
+
+    def submit(self, ops: Sequence[BlockOp]) -> RemoteStep:
+        with self._lock:
+            self.last_step_id += 1
+            request = pb.StepRequest(executor_id=self.executor_id, epoch=self.epoch,
+                                     step_id=self.last_step_id,
+                                     ops=[op_to_proto(op) for op in ops])
+        return RemoteStep(self, request)
+
+    def heartbeat(self, num_waiting: int, num_running: int) -> None:
+        """Renews the lease; raises PoolLost when the allocator dropped our pool."""
+        try:
+            self.stub.Heartbeat(pb.HeartbeatRequest(
+                executor_id=self.executor_id, epoch=self.epoch, num_waiting=num_waiting,
+                num_running=num_running), timeout=self.call_timeout_s)
+        except grpc.RpcError as error:
+            if error.code() in LOST:
+                raise PoolLost(error.details()) from None
+            log.warning("heartbeat failed: %s", error.code().name)
+
+    def close(self) -> None:
+        self.channel.close()
