@@ -51,10 +51,10 @@ def build_engine(directory: Path, options: EngineOptions = EngineOptions(),
     spec = KvCacheSpec(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
                        config.head_dim, dtype)
     kv_cache = allocate_kv_cache(spec, device)
-    allocator = allocator or LocalBlockAllocator()
-    allocator.register(num_blocks, options.block_size,
-                       model_fingerprint(directory, dtype, options.block_size))
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
                                 options.max_num_batched_tokens, options.lookahead_slots)
-    return Engine(model, kv_cache, allocator, scheduler, max_model_len=max_model_len,
-                  eos_token_ids=config.eos_token_ids, sampler_seed=options.sampler_seed)
+    engine = Engine(model, kv_cache, allocator or LocalBlockAllocator(), scheduler,
+                    max_model_len=max_model_len, eos_token_ids=config.eos_token_ids,
+                    sampler_seed=options.sampler_seed)
+    engine.register_pool(num_blocks, model_fingerprint(directory, dtype, options.block_size))
+    return engine

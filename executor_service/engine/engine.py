@@ -88,6 +88,38 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.outputs.pending()
 
+    def drain_outputs(self) -> list[RequestOutput]:
+        """What happened outside step() (cancellations) that has not been reported yet."""
+        return self.outputs.drain()
+
+    # -- the pool -------------------------------------------------------------------------------
+
+    def register_pool(self, num_blocks: int, model_fingerprint: str) -> int:
+        """Registers this engine's KV cache with the allocator; returns the epoch."""
+        self.num_blocks, self.model_fingerprint = num_blocks, model_fingerprint
+        return self.allocator.register(num_blocks, self.scheduler.config.block_size,
+                                       model_fingerprint)
+
+    def restart_on_new_pool(self) -> int:
+        """The allocator forgot our pool (it restarted without durable state, or our lease
+        lapsed): no block we hold is ours any more. Every running request goes back to the
+        front of the queue, keeping its tokens, to be recomputed on a fresh registration."""
+        for request in sorted(self.scheduler.running, key=lambda r: r.admitted):
+            self.scheduler.preempt(request)  # nothing to free: the old pool is gone
+        self.scheduler.pending_frees.clear()
+        return self.register_pool(self.num_blocks, self.model_fingerprint)
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """Ends every request with an error (an iteration failed in a way we cannot retry)."""
+        for request in list(self.requests.values()):
+            request.error = message
+            for seq in request.sequences:
+                if seq.status is not SequenceStatus.FINISHED:
+                    self.scheduler.finish(seq, "error")
+                    self.outputs.finished(seq)
+            self._collect_finished(request)
+        return self.outputs.drain()
+
     # -- one iteration --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -1,0 +1,81 @@
+"""`python -m executor_service`: load a model, register its KV cache with the allocator, serve
+the Executor API."""
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+
+from executor_service.allocator_client import RemoteBlockAllocator
+from executor_service.config import ExecutorConfig, default_executor_id, parse_config
+from executor_service.engine.build import build_engine
+from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
+from executor_service.servicer import ExecutorServicer
+from executor_service.serving_loop import ServingLoop
+from pagedserve.common.logs import setup_logging
+from pagedserve.common.server import GrpcService
+from pagedserve.executor.v1 import executor_pb2 as pb
+from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
+
+SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name["Executor"].full_name]
+
+
+def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServicer,
+                      service: GrpcService) -> ServingLoop:
+    executor_id = config.executor_id or default_executor_id(port)
+    address = config.advertise_address or f"{config.server.host}:{port}"
+    directory = config.model or embedded_model_dir()
+    allocator = RemoteBlockAllocator(config.allocator, executor_id, address,
+                                     token=config.allocator_token)
+    engine = build_engine(directory, config.engine, allocator)
+    loop = ServingLoop(engine)
+    model = engine.model.config
+    info = pb.ExecutorInfo(
+        executor_id=executor_id,
+        model_name=EMBEDDED_MODEL_NAME if config.model is None else directory.name,
+        model_fingerprint=engine.model_fingerprint, vocab_size=model.vocab_size,
+        max_model_len=engine.max_model_len, eos_token_ids=sorted(engine.eos_token_ids),
+        block_size=config.engine.block_size, num_blocks=engine.num_blocks,
+        dtype=str(engine.runner.kv_cache.dtype).removeprefix("torch."),
+        device=str(engine.runner.device))
+    servicer.ready(loop, info)
+    loop.start()
+    service.set_serving(True)
+    return loop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(argv)
+    log = setup_logging("executor", config.log_level)
+    servicer = ExecutorServicer()
+    service = GrpcService(config.server, SERVICE_NAMES,
+                          lambda server: pb_grpc.add_ExecutorServicer_to_server(servicer, server))
+    service.start()
+    # One machine-readable line on stdout (tests and `pagedserve up` read the port here);
+    # health stays NOT_SERVING until the model is loaded and the pool registered.
+    print(f"executor listening on {config.server.host}:{service.port}", flush=True)
+    failed = threading.Event()
+    loops: list[ServingLoop] = []
+
+    def start() -> None:
+        try:
+            loops.append(load_and_register(config, service.port, servicer, service))
+            log.info("serving %s on %s", servicer.static_info.model_name, config.engine.device)
+        except Exception:  # noqa: BLE001 - an executor that cannot load must not serve
+            log.exception("cannot start the executor; stopping")
+            failed.set()
+            service.request_stop()
+
+    threading.Thread(target=start, name="model-loader", daemon=True).start()
+
+    def shut_down() -> None:
+        for loop in loops:
+            loop.stop()
+            loop.engine.allocator.close()
+
+    service.run_until_signal(on_shutdown=shut_down)
+    return 1 if failed.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The executor's configuration, from flags and PAGEDSERVE_EXECUTOR_* environment variables."""
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from executor_service.engine.build import EngineOptions
+from pagedserve.common.config import add_server_flags, env_or, server_options
+from pagedserve.common.server import ServerOptions
+
+DEFAULT_PORT = 50061
+ENV_PREFIX = "PAGEDSERVE_EXECUTOR"
+SIZE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+
+
+@dataclass(slots=True, frozen=True)
+class ExecutorConfig:
+    server: ServerOptions
+    allocator: str
+    allocator_token: str
+    executor_id: str
+    advertise_address: str
+    model: Path | None            # None: the embedded default
+    engine: EngineOptions
+    log_level: str
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `512M`, `2G`, `2GiB` or a plain number."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m executor_service",
+        description="pagedserve executor: runs a model on KV-cache blocks the allocator grants")
+    add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT)
+    env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
+    parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
+                        help="the allocator's HOST:PORT")
+    parser.add_argument("--allocator-token", default=env_or("PAGEDSERVE_AUTH_TOKEN", ""),
+                        help="bearer token for the allocator (env PAGEDSERVE_AUTH_TOKEN)")
+    parser.add_argument("--executor-id", default=env("ID", ""),
+                        help="id to register under (default: HOSTNAME-PORT)")
+    parser.add_argument("--advertise-address", default=env("ADVERTISE_ADDRESS", ""),
+                        help="HOST:PORT the gateway reaches this executor at "
+                             "(default: --host:bound port)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default=env("MODEL", ""),
+                       help="Hugging Face checkpoint directory; omitted: the embedded default")
+    model.add_argument("--device", default=env("DEVICE", "cpu"), help="cpu, cuda or cuda:N")
+    model.add_argument("--dtype", default=env("DTYPE", "auto"),
+                       choices=["auto", "float32", "bfloat16", "float16"])
+    model.add_argument("--max-model-len", type=int, default=env("MAX_MODEL_LEN", 0),
+                       help="longest context served (default: the model's)")
+    cache = parser.add_argument_group("KV cache and batching")
+    cache.add_argument("--block-size", type=int, default=env("BLOCK_SIZE", 16),
+                       choices=[16, 32, 64, 128, 256])
+    cache.add_argument("--num-blocks", type=int, default=env("NUM_BLOCKS", 0),
+                       help="KV-cache blocks (default: from --kv-cache-memory)")
+    cache.add_argument("--kv-cache-memory", type=parse_size,
+                       default=env("KV_CACHE_MEMORY", "256M"),
+                       help="memory for the KV cache when --num-blocks is not given")
+    cache.add_argument("--max-num-seqs", type=int, default=env("MAX_NUM_SEQS", 256))
+    cache.add_argument("--max-num-batched-tokens", type=int,
+                       default=env("MAX_NUM_BATCHED_TOKENS", 2048),
+                       help="token budget of one iteration (prefill chunks + decodes)")
+    cache.add_argument("--lookahead-slots", type=int, default=env("LOOKAHEAD_SLOTS", 4),
+                       help="slots reserved ahead of each decoding sequence")
+    cache.add_argument("--seed", type=int, default=env("SEED", -1),
+                       help="seed of unseeded requests' sampling (default: from the OS)")
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
+    args = build_parser().parse_args(argv)
+    if isinstance(args.kv_cache_memory, str):
+        args.kv_cache_memory = parse_size(args.kv_cache_memory)
+    for name, low in (("num_blocks", 0), ("max_model_len", 0), ("max_num_seqs", 1),
+                      ("max_num_batched_tokens", 1), ("lookahead_slots", 0)):
+        if getattr(args, name) < low:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least {low}")
+    if args.model and not Path(args.model).is_dir():
+        raise SystemExit(f"--model {args.model}: no such directory")
+    server = server_options(args)
+    engine = EngineOptions(
+        device=args.device, dtype=args.dtype, block_size=args.block_size,
+        num_blocks=args.num_blocks or None, kv_cache_memory=args.kv_cache_memory,
+        max_model_len=args.max_model_len or None, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        lookahead_slots=args.lookahead_slots,
+        sampler_seed=None if args.seed < 0 else args.seed)
+    return ExecutorConfig(
+        server=server, allocator=args.allocator, allocator_token=args.allocator_token,
+        executor_id=args.executor_id, advertise_address=args.advertise_address,
+        model=Path(args.model) if args.model else None, engine=engine,
+        log_level=args.log_level)
+
+
+def default_executor_id(port: int) -> str:
+    return f"{socket.gethostname()}-{port}"

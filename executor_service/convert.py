@@ -1,0 +1,65 @@
+"""proto <-> domain conversions for the executor; nothing else lives here."""
+from __future__ import annotations
+
+from executor_service.engine.request import RequestOutput
+from executor_service.engine.sampling_params import SamplingParams
+from executor_service.serving_loop import Refusal
+from pagedserve.common.error_interceptor import status_of
+from pagedserve.common.errors import InvalidArgument
+from pagedserve.executor.v1 import executor_pb2 as pb
+
+FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
+                  "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED,
+                  "error": pb.FINISH_REASON_ERROR}
+MAX_REQUEST_ID = 256
+DEFAULT_MAX_TOKENS = 16
+
+
+def sampling_from_proto(message: pb.SamplingParams) -> SamplingParams:
+    """Unset fields take the defaults the proto documents; ranges are checked by the engine."""
+    return SamplingParams(
+        n=message.n or 1,
+        max_tokens=message.max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=message.temperature if message.HasField("temperature") else 1.0,
+        top_k=message.top_k,
+        top_p=message.top_p if message.HasField("top_p") else 1.0,
+        min_p=message.min_p,
+        seed=message.seed if message.HasField("seed") else None,
+        repetition_penalty=(message.repetition_penalty
+                            if message.HasField("repetition_penalty") else 1.0),
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        stop_token_ids=tuple(message.stop_token_ids),
+        ignore_eos=message.ignore_eos,
+        logprobs=message.logprobs if message.HasField("logprobs") else None,
+    )
+
+
+def check_request_id(request_id: str) -> None:
+    if not 1 <= len(request_id) <= MAX_REQUEST_ID:
+        raise InvalidArgument(f"request_id must be 1 to {MAX_REQUEST_ID} characters, "
+                              f"got {len(request_id)}")
+
+
+def update_to_proto(output: RequestOutput) -> pb.RequestUpdate:
+    update = pb.RequestUpdate(request_id=output.request_id, finished=output.finished)
+    for delta in output.deltas:
+        completion = update.completions.add(index=delta.index, token_ids=delta.token_ids,
+                                            finish_reason=FINISH_REASONS[delta.finish_reason])
+        for logprob in delta.logprobs or ():
+            completion.logprobs.add(token_id=logprob.token_id, logprob=logprob.logprob,
+                                    top=[pb.TopLogprob(token_id=t, logprob=p)
+                                         for t, p in logprob.top])
+    if output.usage is not None:
+        update.usage.CopyFrom(pb.Usage(prompt_tokens=output.usage.prompt_tokens,
+                                       completion_tokens=output.usage.completion_tokens,
+                                       cached_tokens=output.usage.cached_tokens))
+    if output.error:
+        update.error, update.error_code = output.error, 13  # INTERNAL
+    return update
+
+
+def refusal_to_proto(refusal: Refusal) -> pb.RequestUpdate:
+    code = status_of(refusal.error).value[0]
+    return pb.RequestUpdate(request_id=refusal.request_id, finished=True,
+                            error=str(refusal.error), error_code=code)

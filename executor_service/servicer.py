@@ -1,0 +1,98 @@
+"""The thin gRPC layer of the executor: Session streams and GetInfo, over the serving loop."""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from executor_service.convert import (check_request_id, refusal_to_proto, sampling_from_proto,
+                                      update_to_proto)
+from executor_service.engine.engine import Engine
+from executor_service.serving_loop import Refusal, ServingLoop, Session
+from pagedserve.common.errors import InvalidArgument, PagedServeError, Unavailable
+from pagedserve.executor.v1 import executor_pb2 as pb
+from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
+
+# How often a session's sender looks whether its call has ended while no update comes.
+POLL_S = 0.2
+
+
+class ExecutorServicer(pb_grpc.ExecutorServicer):
+    """Serves once `ready()` hands it the loop; until then (model loading, pool registering)
+    every call is UNAVAILABLE, as health says NOT_SERVING."""
+
+    def __init__(self) -> None:
+        self.loop: ServingLoop | None = None
+        self.static_info = pb.ExecutorInfo()
+
+    def ready(self, loop: ServingLoop, info: pb.ExecutorInfo) -> None:
+        self.static_info, self.loop = info, loop
+
+    def _loop(self) -> ServingLoop:
+        if self.loop is None:
+            raise Unavailable("the executor is still loading its model; retry shortly")
+        return self.loop
+
+    def Session(self, request_iterator: Iterator[pb.SessionRequest],
+                context: grpc.ServicerContext) -> Iterator[pb.SessionResponse]:
+        loop = self._loop()
+        session = Session()
+        context.add_callback(lambda: loop.close(session))
+        reader = threading.Thread(target=self._read, args=(request_iterator, session),
+                                  name="session-reader", daemon=True)
+        reader.start()
+        while context.is_active():
+            try:
+                first = session.updates.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            updates = [first]
+            while True:  # everything one iteration produced goes down in one message
+                try:
+                    updates.append(session.updates.get_nowait())
+                except queue.Empty:
+                    break
+            yield pb.SessionResponse(updates=[
+                refusal_to_proto(u) if isinstance(u, Refusal) else update_to_proto(u)
+                for u in updates])
+
+    def _read(self, request_iterator: Iterator[pb.SessionRequest], session: Session) -> None:
+        """Turns the client's messages into loop commands; a malformed one is refused on the
+        stream for its request id, the stream itself goes on."""
+        try:
+            for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                if kind == "submit":
+                    self._submit(session, message.submit)
+                elif kind == "cancel":
+                    self.loop.cancel(session, message.cancel.request_id)
+                else:
+                    session.updates.put(Refusal("", InvalidArgument(
+                        "a SessionRequest must set submit or cancel")))
+        except grpc.RpcError:
+            pass  # the client went away: the call's callback closes the session
+
+    def _submit(self, session: Session, submit: pb.SubmitRequest) -> None:
+        try:
+            check_request_id(submit.request_id)
+            params = sampling_from_proto(submit.sampling)
+        except PagedServeError as error:
+            session.updates.put(Refusal(submit.request_id, error))
+            return
+        self.loop.submit(session, submit.request_id, list(submit.prompt_token_ids), params,
+                         submit.cache_salt)
+
+    def GetInfo(self, request: pb.GetInfoRequest,
+                context: grpc.ServicerContext) -> pb.ExecutorInfo:
+        info = pb.ExecutorInfo()
+        info.CopyFrom(self.static_info)
+        engine: Engine = self._loop().engine
+        scheduler = engine.scheduler
+        info.num_waiting, info.num_running = len(scheduler.waiting), len(scheduler.running)
+        info.num_preemptions, info.num_stalls = scheduler.num_preemptions, scheduler.num_stalls
+        info.num_steps = engine.num_steps
+        info.epoch = getattr(engine.allocator, "epoch", 0)
+        return info
+
