@@ -28,8 +28,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_PREFIX = "allocator listening on "
 
 
-class AllocatorStartError(RuntimeError):
-    """The allocator exited, or did not become ready in time; the message ends with its log."""
+class ServiceStartError(RuntimeError):
+    """The service exited, or did not become ready in time; the message ends with its log."""
+
+
+AllocatorStartError = ServiceStartError
 
 
 def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -40,12 +43,16 @@ def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-class AllocatorProcess:
-    """One allocator subprocess; started by the constructor, stopped by `stop()` or `with`."""
+class ServiceProcess:
+    """One pagedserve service as a subprocess (`python -m MODULE --port 0 ...`); started by the
+    constructor, stopped by `stop()` or `with`. Subclasses name the module and its ready line."""
+
+    MODULE = "allocator_service"
+    READY_PREFIX = READY_PREFIX
 
     def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
                  env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
-        self.args = [sys.executable, "-m", "allocator_service", "--host", "127.0.0.1",
+        self.args = [sys.executable, "-m", self.MODULE, "--host", "127.0.0.1",
                      "--port", "0", *extra_args]
         self._stderr: collections.deque[str] = collections.deque(maxlen=stderr_lines)
         self._stdout: queue.Queue[str | None] = queue.Queue()
@@ -57,9 +64,9 @@ class AllocatorProcess:
         self._stderr_lock = threading.Lock()
         self._readers = [
             threading.Thread(target=self._drain_stdout, args=(self.process.stdout,),
-                             name="allocator-stdout", daemon=True),
+                             name=f"{self.MODULE}-stdout", daemon=True),
             threading.Thread(target=self._drain_stderr, args=(self.process.stderr,),
-                             name="allocator-stderr", daemon=True),
+                             name=f"{self.MODULE}-stderr", daemon=True),
         ]
         for reader in self._readers:
             reader.start()
@@ -93,8 +100,8 @@ class AllocatorProcess:
                 raise self._start_error(f"printed no ready line within {timeout_s:.0f}s") from None
             if line is None:
                 raise self._start_error("exited before printing its ready line", exited=True)
-            if line.startswith(READY_PREFIX):
-                return line[len(READY_PREFIX):].strip()
+            if line.startswith(self.READY_PREFIX):
+                return line[len(self.READY_PREFIX):].strip()
 
     def _wait_serving(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -108,21 +115,21 @@ class AllocatorProcess:
                 raise self._start_error(f"was not SERVING within {timeout_s:.0f}s")
             time.sleep(0.05)
 
-    def _start_error(self, what: str, exited: bool = False) -> AllocatorStartError:
+    def _start_error(self, what: str, exited: bool = False) -> ServiceStartError:
         if exited:  # reap it and let the last lines of its log arrive
             try:
                 self.process.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 pass
             self._readers[1].join(timeout=2.0)
-        return AllocatorStartError(
-            f"allocator {' '.join(self.args[1:])} {what} (exit code {self.process.poll()}); "
+        return ServiceStartError(
+            f"{' '.join(self.args[2:])} {what} (exit code {self.process.poll()}); "
             f"stderr tail:\n{self.stderr_tail()}")
 
     # -- use -----------------------------------------------------------------------------------
 
     def channel(self, token: str = "") -> grpc.Channel:
-        """A new channel to the allocator, closed by `stop()`."""
+        """A new channel to the service, closed by `stop()`."""
         channel = open_channel(self.target, token)
         self._channels.append(channel)
         return channel
@@ -147,8 +154,27 @@ class AllocatorProcess:
             reader.join(timeout=2.0)
         return self.process.returncode
 
-    def __enter__(self) -> AllocatorProcess:
+    def __enter__(self):  # noqa: ANN204 - the subclass's own type
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class AllocatorProcess(ServiceProcess):
+    """`python -m allocator_service`."""
+
+
+
+class ExecutorProcess(ServiceProcess):
+    """`python -m executor_service`: SERVING once its model is loaded and its pool registered
+    (pass --allocator HOST:PORT). The embedded default model is cached under the test's own
+    PAGEDSERVE_CACHE_DIR when the caller gives one in `env`."""
+
+    MODULE = "executor_service"
+    READY_PREFIX = "executor listening on "
+
+    def __init__(self, *extra_args: str, startup_timeout_s: float = 90.0,
+                 env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
+        super().__init__(*extra_args, startup_timeout_s=startup_timeout_s, env=env,
+                         stderr_lines=stderr_lines)
