@@ -46,6 +46,7 @@ run: $(INSTALLED)
 bench: $(INSTALLED) redis-server
 	$(BIN)/python bench/allocator_bench.py
 	$(BIN)/python bench/durability_bench.py
+	$(BIN)/python bench/throughput.py
 
 # Needs a CUDA GPU (without one it says so and exits 2); rewrites `## Kernels` and its plot.
 bench-kernels: $(INSTALLED)

@@ -55,6 +55,28 @@ def test_durability_bench_quick_run_prints_its_tables_and_writes_nothing_by_defa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_throughput_bench_quick_run_prints_its_table_and_writes_nothing_by_default(
+        tmp_path: Path) -> None:
+    before = (ROOT / "docs" / "benchmarks.md").read_bytes()
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--quick"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for metric in ("pagedserve engine (in-process): output tokens/s",
+                   "ours / transformers static `generate` (batch 4), output tokens/s",
+                   "ours / transformers `generate_batch`, output tokens/s",
+                   "ours: allocator stalls (decodes that waited for their slot) / decodes",
+                   "requests whose greedy tokens equal ours: transformers static `generate`",
+                   "requests whose greedy tokens equal ours: transformers `generate_batch`",
+                   "output tokens every run returned (sanity check)"):
+        assert metric in run.stdout
+    # 8 requests of 8 tokens, from every contender.
+    sanity = next(line for line in run.stdout.splitlines()
+                  if line.startswith("output tokens every run returned"))
+    assert sanity.split()[-3:] == ["64", "64", "yes"], sanity
+    assert (ROOT / "docs" / "benchmarks.md").read_bytes() == before
+    assert list(tmp_path.iterdir()) == []
+
+
 KERNEL_METRICS = ("device copy bandwidth, `dst.copy_(src)`",
                   "decode bandwidth at batch",
                   "worst paged/SDPA decode time ratio, block ≥ 16",
