@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kernels.checks import check_decode_args, check_output
-from kernels.reference.gather import gather_context
+from kernels.reference.gather import causal_attention, sequence_context
 
 
 def paged_decode_attention_reference(
@@ -20,23 +20,16 @@ def paged_decode_attention_reference(
 ) -> torch.Tensor:
     """Same contract as kernels.triton.decode_attention.paged_decode_attention_triton."""
     lengths = context_lens.tolist()
-    group = check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
-                              max(lengths, default=0) if max_context_len is None
-                              else max_context_len)
+    check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
+                      max(lengths, default=0) if max_context_len is None
+                      else max_context_len)
     if out is None:
         out = torch.empty_like(query)
     check_output(out, query)
-    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
     for seq, length in enumerate(lengths):
         if length == 0:  # a padding row: defined to give zeros
             out[seq] = 0
             continue
-        positions = torch.arange(length, device=query.device)
-        keys, values = gather_context(key_cache, value_cache, block_tables[seq:seq + 1],
-                                      positions, torch.ones_like(positions, dtype=torch.bool))
-        grouped = query[seq].float().view(num_kv_heads, group, head_dim)
-        scores = grouped @ keys[0].float().permute(1, 2, 0) * scale       # [kv, group, ctx]
-        probs = torch.softmax(scores, dim=-1)
-        result = probs @ values[0].float().transpose(0, 1)                 # [kv, group, dim]
-        out[seq] = result.reshape(-1, head_dim).to(out.dtype)
+        keys, values = sequence_context(key_cache, value_cache, block_tables[seq], length)
+        out[seq] = causal_attention(query[seq:seq + 1], keys, values, scale)[0].to(out.dtype)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.checks import check_output, check_prefill_args
-from kernels.reference.gather import gather_context
+from kernels.reference.gather import causal_attention, sequence_context
 
 
 def paged_prefill_attention_reference(
@@ -18,13 +18,11 @@ def paged_prefill_attention_reference(
     del max_query_len  # read from the lengths below
     lens = seq_lens.tolist()
     starts = query_start_loc.tolist()
-    group = check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc,
-                               seq_lens, max(lens, default=0) if max_seq_len is None
-                               else max_seq_len)
+    check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc,
+                       seq_lens, max(lens, default=0) if max_seq_len is None else max_seq_len)
     if out is None:
         out = torch.empty_like(query)
     check_output(out, query)
-    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
     for seq, seq_len in enumerate(lens):
         first, last = starts[seq], starts[seq + 1]
         query_len = last - first
@@ -33,15 +31,6 @@ def paged_prefill_attention_reference(
         if not 0 < query_len <= seq_len:
             raise ValueError(f"sequence {seq} has {query_len} new tokens but a context of "
                              f"{seq_len}")
-        positions = torch.arange(seq_len, device=query.device)
-        keys, values = gather_context(key_cache, value_cache, block_tables[seq:seq + 1],
-                                      positions, torch.ones_like(positions, dtype=torch.bool))
-        grouped = query[first:last].float().view(query_len, num_kv_heads, group, head_dim)
-        scores = torch.einsum("qkgd,lkd->kgql", grouped, keys[0].float()) * scale
-        query_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
-        hidden = positions[None, :] > query_pos[:, None]                    # [queries, context]
-        scores.masked_fill_(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        result = torch.einsum("kgql,lkd->qkgd", probs, values[0].float())
-        out[first:last] = result.reshape(query_len, -1, head_dim).to(out.dtype)
+        keys, values = sequence_context(key_cache, value_cache, block_tables[seq], seq_len)
+        out[first:last] = causal_attention(query[first:last], keys, values, scale).to(out.dtype)
     return out
