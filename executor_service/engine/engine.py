@@ -16,7 +16,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from allocator_service.ops import AppendOp, FreeOp, OpStatus
+from allocator_service.ops import FreeOp, OpStatus
 from executor_service.engine.block_allocator import BlockAllocator
 from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
@@ -25,7 +25,7 @@ from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, ma
 from executor_service.engine.sampling_params import SamplingParams
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
 from executor_service.engine.sequence import Sequence, SequenceStatus
-from executor_service.engine.step_plan import StepPlan
+from executor_service.engine.step_plan import StepPlan, append_op
 from executor_service.engine.stop_check import finish_reason
 from executor_service.model.causal_lm import CausalLM
 from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
@@ -135,7 +135,7 @@ class Engine:
                 self._apply(plan, handle.result())
             if logits is not None:
                 self._sample(logits, sampled)
-        return self.outputs.drain(self.requests)
+        return self.outputs.drain()
 
     def _apply(self, plan: StepPlan, result) -> None:
         for seq, chunk in self.scheduler.apply(plan, result):
@@ -155,13 +155,11 @@ class Engine:
             if victim is seq.request:
                 self.allocator.submit(ops).result()
                 return
-            reported = len(seq.token_ids)
-            ops.append(AppendOp(seq.seq_id, tuple(seq.token_ids[seq.num_reported:]), 0,
-                                seq.num_computed))
+            ops.append(append_op(seq, 0))
             answer = self.allocator.submit(ops).result().results[-1]
             if answer.status is OpStatus.OK:
                 self.scheduler.grown(plan, seq, answer)
-                seq.num_reported = reported
+                seq.num_reported = len(seq.token_ids)
                 plan.work.append((seq, chunk))
                 return
 

@@ -41,7 +41,7 @@ class OutputCollector:
     def pending(self) -> bool:
         return bool(self._deltas)
 
-    def drain(self, _live: dict[str, Request] | None = None) -> list[RequestOutput]:
+    def drain(self) -> list[RequestOutput]:
         outputs = []
         for request_id, deltas in self._deltas.items():
             request = self._requests[request_id]

@@ -42,13 +42,17 @@ class StepPlan:
         self.needs_answer = True
 
     def append(self, seq: Sequence, lookahead_slots: int) -> None:
-        reported = len(seq.token_ids)
-        self.ops.append(PlannedOp(
-            AppendOp(seq.seq_id, tuple(seq.token_ids[seq.num_reported:]), lookahead_slots,
-                     seq.num_computed), seq, reported=reported))
+        self.ops.append(PlannedOp(append_op(seq, lookahead_slots), seq,
+                                  reported=len(seq.token_ids)))
 
     def allocate(self, seq: Sequence, lookahead_slots: int) -> None:
         self.ops.append(PlannedOp(
             AllocateOp(seq.seq_id, tuple(seq.token_ids), seq.request.cache_salt,
                        lookahead_slots), seq, reported=len(seq.token_ids)))
         self.needs_answer = True
+
+
+def append_op(seq: Sequence, lookahead_slots: int) -> AppendOp:
+    """The Append that reports a sequence's unreported tokens and its computed mark."""
+    return AppendOp(seq.seq_id, tuple(seq.token_ids[seq.num_reported:]), lookahead_slots,
+                    seq.num_computed)
