@@ -165,7 +165,8 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, sampled: list[Sequence]) -> None:
         rows: list[SamplingRow] = []
-        owners: list[tuple[Sequence, int]] = []   # (sequence, choice index it produces)
+        # (sequence, choice index it produces, that choice's generator)
+        owners: list[tuple[Sequence, int, torch.Generator | None]] = []
         for seq in sampled:
             request = seq.request
             if seq.status is not SequenceStatus.RUNNING:
@@ -175,41 +176,43 @@ class Engine:
                 generator = seq.generator if index == 0 else self._child_generator(request, index)
                 rows.append(SamplingRow(request.params, request.prompt_token_ids,
                                         seq.output_token_ids, generator))
-                owners.append((seq, index))
+                owners.append((seq, index, generator))
         if not rows:
             return
         positions = {seq: i for i, seq in enumerate(sampled)}
-        picked = logits[torch.tensor([positions[seq] for seq, _ in owners],
+        picked = logits[torch.tensor([positions[seq] for seq, _, _ in owners],
                                      device=logits.device)]
         result = self.sampler.sample(picked, rows)
-        chosen = list(zip(owners, result.token_ids, result.logprobs))
-        # Children first: a parent that stops at its first token must not end the request
-        # before its siblings exist.
-        children = [self._fork_child(seq, index, token) for (seq, index), token, _ in chosen
-                    if index > 0]
+        # Every child exists before any token is recorded: a parent that stops at its first
+        # token must not end the request before its siblings exist.
+        accepted = []
+        for (seq, index, generator), token, logprobs in zip(owners, result.token_ids,
+                                                            result.logprobs):
+            if index == 0:
+                seq.token_ids.append(token)
+            else:
+                seq = self._fork_child(seq, index, token, generator)
+            accepted.append((seq, token, logprobs))
         for seq in sampled:
             if seq.index == 0:
                 seq.request.forked = True
-        for (seq, index), token, logprobs in chosen:
-            if index == 0:
-                seq.token_ids.append(token)
-                self._record(seq, token, logprobs)
-        for child, ((_, index), token, logprobs) in zip(
-                children, [c for c in chosen if c[0][1] > 0]):
-            self._record(child, token, logprobs)
+        for seq, token, logprobs in accepted:
+            self._record(seq, token, logprobs)
 
     def _child_generator(self, request: Request, index: int) -> torch.Generator | None:
         if request.params.seed is None:
             return None
         return make_generator(child_seed(request.params.seed, index), self.runner.device)
 
-    def _fork_child(self, parent: Sequence, index: int, token: int) -> Sequence:
+    def _fork_child(self, parent: Sequence, index: int, token: int,
+                    generator: torch.Generator | None) -> Sequence:
         """Choice `index` of an n > 1 request: the prompt's blocks come from a Fork of
-        `parent` in the next Step, its first token was sampled from the parent's last logits."""
+        `parent` in the next Step, its first token was sampled from the parent's last logits
+        with `generator`, which goes on drawing its later tokens."""
         request = parent.request
         prompt = request.prompt_token_ids
         child = Sequence(f"{request.request_id}#{index}", request, index, prompt + [token],
-                         len(prompt), generator=self._child_generator(request, index),
+                         len(prompt), generator=generator,
                          num_computed=len(prompt), num_reported=len(prompt),
                          fork_parent=parent)
         request.sequences.append(child)
