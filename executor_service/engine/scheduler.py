@@ -181,13 +181,7 @@ class Scheduler:
         request = seq.request
         if answer.status is OpStatus.OUT_OF_BLOCKS and seq.status is SequenceStatus.WAITING:
             # Not admitted: back to the front of the queue, whole, to wait for blocks.
-            for other in request.sequences:
-                if other.status is SequenceStatus.RUNNING:
-                    self.pending_frees.append(other.seq_id)
-                    other.release_blocks()
-            if request in self.running:
-                self.running.remove(request)
-                self.waiting.appendleft(request)
+            self.pending_frees += self._requeue(request)
             return
         if answer.status is OpStatus.OUT_OF_BLOCKS:
             # Only the lookahead failed if the slots this iteration writes are covered.
@@ -211,16 +205,23 @@ class Scheduler:
     def preempt(self, request: Request) -> list[str]:
         """Takes a request's blocks away: returns the sequence ids to free now. Its tokens
         stay, so it resumes by recomputing them."""
+        freed = self._requeue(request)
+        request.admitted = -1
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        return freed
+
+    def _requeue(self, request: Request) -> list[str]:
+        """Puts a request back at the front of the queue holding no blocks; returns the ids of
+        the sequences whose blocks must be freed. A child not yet forked will be admitted on
+        its own (its parent's blocks go too)."""
         freed = []
         for seq in request.sequences:
             if seq.status is SequenceStatus.RUNNING:
                 freed.append(seq.seq_id)
                 seq.release_blocks()
             seq.fork_parent = None
-        request.admitted = -1
-        request.num_preemptions += 1
-        self.num_preemptions += 1
         if request in self.running:
             self.running.remove(request)
-        self.waiting.appendleft(request)
+            self.waiting.appendleft(request)
         return freed
