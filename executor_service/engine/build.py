@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -45,11 +45,11 @@ def build_engine(directory: Path, options: EngineOptions = EngineOptions(),
     max_model_len = options.max_model_len or config.max_position_embeddings
     dtype = resolve_dtype(options.dtype, config, device)
     model = load_model(directory, config, dtype, device, max_model_len)
-    spec = KvCacheSpec(config.num_layers, 1, options.block_size, config.num_kv_heads,
-                       config.head_dim, dtype)
-    num_blocks = options.num_blocks or max(1, options.kv_cache_memory // spec.bytes_per_block)
-    spec = KvCacheSpec(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
-                       config.head_dim, dtype)
+    spec = KvCacheSpec(config.num_layers, options.num_blocks or 0, options.block_size,
+                       config.num_kv_heads, config.head_dim, dtype)
+    if not spec.num_blocks:
+        spec = replace(spec, num_blocks=max(1, options.kv_cache_memory // spec.bytes_per_block))
+    num_blocks = spec.num_blocks
     kv_cache = allocate_kv_cache(spec, device)
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
                                 options.max_num_batched_tokens, options.lookahead_slots)
