@@ -1,12 +1,12 @@
-"""The kernels' public entry points: Triton where the cache is on a GPU, the torch reference
-where it is on the CPU. Triton is imported only on the GPU path, so a machine without it (a
-laptop) still serves through the references."""
+"""The kernels' public entry points: Triton where the cache is on a GPU, torch where it is on the
+CPU (the references, and for decode the length-bucketed kernels/cpu version). Triton is imported
+only on the GPU path, so a machine without it (a laptop) still serves."""
 from __future__ import annotations
 
 import torch
 
+from kernels.cpu.decode_attention import paged_decode_attention_cpu
 from kernels.reference.copy_blocks import copy_blocks_reference
-from kernels.reference.decode_attention import paged_decode_attention_reference
 from kernels.reference.prefill_attention import paged_prefill_attention_reference
 from kernels.reference.store_kv import store_kv_reference
 
@@ -36,7 +36,7 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor,
         from kernels.triton import decode_attention as kernel
         implementation = kernel.paged_decode_attention_triton
     else:
-        implementation = paged_decode_attention_reference
+        implementation = paged_decode_attention_cpu
     return implementation(query, key_cache, value_cache, block_tables, context_lens, scale,
                           max_context_len=max_context_len, out=out)
 

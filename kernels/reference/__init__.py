@@ -1,2 +1,3 @@
-"""Pure-torch references of the kernels: the CPU implementation, and the yardstick the Triton
-kernels are tested against (each is itself tested against plain attention)."""
+"""Pure-torch references of the kernels: the yardstick the Triton kernels and kernels/cpu are
+tested against (each is itself tested against plain attention), and what the CPU serves with
+where kernels/cpu has nothing faster."""

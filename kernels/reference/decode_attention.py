@@ -1,9 +1,6 @@
 """Paged decode attention in plain torch: each sequence's context gathered from its blocks, then
-softmax attention in fp32.
-
-Also the CPU implementation, so it goes sequence by sequence over exactly its own context:
-padding a batch to its longest context (one 1,000-token sequence among short ones) made every
-step gather and multiply mostly padding, about 8x slower on a chat-like batch.
+softmax attention in fp32, one sequence at a time over exactly its own context. The yardstick
+the Triton kernel and the CPU serving path (kernels/cpu/decode_attention.py) are tested against.
 """
 from __future__ import annotations
 
