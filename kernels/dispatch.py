@@ -1,13 +1,13 @@
 """The kernels' public entry points: Triton where the cache is on a GPU, torch where it is on the
-CPU (the references, and for decode the length-bucketed kernels/cpu version). Triton is imported
+CPU (kernels/cpu for attention, the references for the rest). Triton is imported
 only on the GPU path, so a machine without it (a laptop) still serves."""
 from __future__ import annotations
 
 import torch
 
 from kernels.cpu.decode_attention import paged_decode_attention_cpu
+from kernels.cpu.prefill_attention import paged_prefill_attention_cpu
 from kernels.reference.copy_blocks import copy_blocks_reference
-from kernels.reference.prefill_attention import paged_prefill_attention_reference
 from kernels.reference.store_kv import store_kv_reference
 
 
@@ -53,7 +53,7 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor,
         from kernels.triton import prefill_attention as kernel
         implementation = kernel.paged_prefill_attention_triton
     else:
-        implementation = paged_prefill_attention_reference
+        implementation = paged_prefill_attention_cpu
     return implementation(query, key_cache, value_cache, block_tables, query_start_loc,
                           seq_lens, scale, max_query_len=max_query_len,
                           max_seq_len=max_seq_len, out=out)

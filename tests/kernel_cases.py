@@ -107,11 +107,28 @@ def make_paged_batch(lengths: list[int], *, block_size: int, num_kv_heads: int, 
     key_cache[index] = randn(len(filled), *shape[1:], dtype=dtype, seed=seed + 1, device=device)
     value_cache[index] = randn(len(filled), *shape[1:], dtype=dtype, seed=seed + 2, device=device)
 
+    poison_unused_slots(key_cache, value_cache, blocks, lengths, filled)
     width = max(needed, default=0) + 1
     table = torch.full((len(lengths), width), -1, dtype=table_dtype)
     for row, ids in enumerate(blocks):
         table[row, :len(ids)] = torch.tensor(ids, dtype=table_dtype)
     return PagedBatch(key_cache, value_cache, table.to(device), list(lengths), blocks)
+
+
+def poison_unused_slots(key_cache: torch.Tensor, value_cache: torch.Tensor,
+                       blocks: list[list[int]], lengths: list[int], filled: list[int]) -> None:
+    """NaN in every filled slot no sequence's context covers: the tail of each last block and
+    the blocks nobody holds. Never-written cache memory can hold NaN, and a kernel that lets a
+    masked-out slot reach its sums (0 x NaN is NaN) must fail here, not in production."""
+    block_size = key_cache.shape[1]
+    used = {block for ids in blocks for block in ids}
+    spare = [block for block in filled if block not in used]
+    for cache in (key_cache, value_cache):
+        if spare:
+            cache[torch.tensor(spare, device=cache.device)] = float("nan")
+        for ids, length in zip(blocks, lengths):
+            if ids and length % block_size:
+                cache[ids[-1], length % block_size:] = float("nan")
 
 
 def plain_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,

@@ -1,6 +1,6 @@
 """paged_prefill_attention: causal attention of a flattened varlen batch of new tokens over
 paged contexts that may already hold a cached prefix. The reference against SDPA on the
-gathered K/V, the Triton kernel against the reference."""
+gathered K/V, the CPU implementation and the Triton kernel against the reference."""
 from __future__ import annotations
 
 import itertools
@@ -20,6 +20,7 @@ from kernel_cases import (
     require_triton,
 )
 
+from kernels.cpu.prefill_attention import paged_prefill_attention_cpu
 from kernels.reference.prefill_attention import paged_prefill_attention_reference
 
 # (context after the step, new tokens): a fresh prompt, a decode-like single token, an odd chunk
@@ -56,6 +57,12 @@ def run_reference(batch, query, starts):
         batch.lengths_tensor(), query.shape[-1] ** -0.5, out=nan_like(query))
 
 
+def run_cpu(batch, query, starts):
+    return paged_prefill_attention_cpu(
+        query, batch.key_cache, batch.value_cache, batch.block_tables, starts,
+        batch.lengths_tensor(), query.shape[-1] ** -0.5, out=nan_like(query))
+
+
 def expected_by_sdpa(batch, query, starts):
     """Each sequence on its own: its new tokens are the last of its context."""
     pieces = []
@@ -75,6 +82,26 @@ def test_reference_equals_causal_sdpa_with_cached_prefix(block_size, dtype, grou
     torch.testing.assert_close(run_reference(batch, query, starts),
                                expected_by_sdpa(batch, query, starts),
                                **REFERENCE_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group, head_dim", [(1, 64), (4, 128), (7, 64)])
+def test_cpu_implementation_matches_reference(block_size, dtype, group, head_dim):
+    batch, query, starts = prefill_case(MIXED, block_size=block_size, group=group,
+                                        head_dim=head_dim, dtype=dtype,
+                                        seed=5 * block_size + group)
+    torch.testing.assert_close(run_cpu(batch, query, starts),
+                               run_reference(batch, query, starts), **KERNEL_TOLERANCE[dtype])
+
+
+def test_cpu_implementation_with_block_ids_past_32_bit_element_offsets():
+    batch, query, starts = prefill_case([(40, 40), (100, 30)], block_size=16, group=4,
+                                        head_dim=64, dtype=torch.float16, seed=4,
+                                        num_kv_heads=1, num_blocks=(1 << 21) + 64)
+    torch.testing.assert_close(run_cpu(batch, query, starts),
+                               expected_by_sdpa(batch, query, starts),
+                               **KERNEL_TOLERANCE[torch.float16])
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
@@ -132,5 +159,6 @@ def test_more_new_tokens_than_context_is_refused():
     batch, query, starts = prefill_case([(10, 10)], block_size=16, group=1, head_dim=64,
                                         dtype=torch.float32, seed=2)
     batch.lengths[0] = 9
-    with pytest.raises(ValueError, match="10 new tokens but a context of 9"):
-        run_reference(batch, query, starts)
+    for run in (run_reference, run_cpu):
+        with pytest.raises(ValueError, match="10 new tokens but a context of 9"):
+            run(batch, query, starts)

@@ -86,5 +86,9 @@ def attend_bucket(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     lens = torch.tensor([lengths[row] for row in rows], device=query.device)
     past_end = torch.arange(span, device=query.device)[None, :] >= lens[:, None]
     scores.masked_fill_(past_end[:, None, None, :], float("-inf"))
+    # Padding slots hold whatever the cache held (never-written memory can be NaN), and a zero
+    # probability times NaN is still NaN: the padding of the gathered copy (indexing copies) is
+    # zeroed.
+    values.masked_fill_(past_end[:, None, :, None], 0)
     result = torch.softmax(scores, dim=-1) @ values                # [count, kv, group, d]
     out[index] = result.view(count, num_kv_heads * group, head_dim).to(out.dtype)
