@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor_service.engine.build import EngineOptions
+from executor_service.engine.build import DEFAULT_GPU_MEMORY_UTILIZATION, EngineOptions
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
 
@@ -66,8 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--num-blocks", type=int, default=env("NUM_BLOCKS", 0),
                        help="KV-cache blocks (default: from --kv-cache-memory)")
     cache.add_argument("--kv-cache-memory", type=parse_size,
-                       default=env("KV_CACHE_MEMORY", "256M"),
-                       help="memory for the KV cache when --num-blocks is not given")
+                       default=env("KV_CACHE_MEMORY", None),
+                       help="memory for the KV cache when --num-blocks is not given (default: "
+                            "256M on the CPU, from --gpu-memory-utilization on CUDA)")
+    cache.add_argument("--gpu-memory-utilization", type=float,
+                       default=env("GPU_MEMORY_UTILIZATION", None),
+                       help="share of the GPU's memory this executor may use, the KV cache "
+                            "taking what the weights and the largest forward pass (measured "
+                            "at start) leave; CUDA only (default 0.9 when neither --num-blocks "
+                            "nor --kv-cache-memory is given)")
     cache.add_argument("--max-num-seqs", type=int, default=env("MAX_NUM_SEQS", 256))
     cache.add_argument("--max-num-batched-tokens", type=int,
                        default=env("MAX_NUM_BATCHED_TOKENS", 2048),
@@ -87,12 +94,23 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
                       ("max_num_batched_tokens", 1), ("lookahead_slots", 0)):
         if getattr(args, name) < low:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least {low}")
+    if args.gpu_memory_utilization is not None:
+        args.gpu_memory_utilization = float(args.gpu_memory_utilization)
+        if not 0 < args.gpu_memory_utilization <= 1:
+            raise SystemExit("--gpu-memory-utilization must be in (0, 1], got "
+                             f"{args.gpu_memory_utilization:g}")
+        if not args.device.startswith("cuda"):
+            raise SystemExit("--gpu-memory-utilization sizes the KV cache from a GPU's memory; "
+                             f"on --device {args.device} give --kv-cache-memory or --num-blocks")
     if args.model and not Path(args.model).is_dir():
         raise SystemExit(f"--model {args.model}: no such directory")
     server = server_options(args)
     engine = EngineOptions(
         device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_blocks=args.num_blocks or None, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
+                                if args.gpu_memory_utilization is None
+                                else args.gpu_memory_utilization),
         max_model_len=args.max_model_len or None, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         lookahead_slots=args.lookahead_slots,

@@ -9,10 +9,16 @@ import torch
 
 from executor_service.engine.block_allocator import BlockAllocator, LocalBlockAllocator
 from executor_service.engine.engine import Engine
+from executor_service.engine.memory_profile import kv_cache_budget, measure_gpu_memory
 from executor_service.engine.scheduler import SchedulerConfig
+from executor_service.model.causal_lm import CausalLM
 from executor_service.model.loader import load_model, resolve_dtype
 from executor_service.model.model_config import ModelConfig
 from kernels import KvCacheSpec, allocate_kv_cache
+
+
+DEFAULT_CPU_KV_CACHE_MEMORY = 256 * 1024 ** 2
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,8 +26,12 @@ class EngineOptions:
     device: str = "cpu"
     dtype: str = "auto"
     block_size: int = 16
+    # The cache's size, first given of: num_blocks; kv_cache_memory (bytes); on CUDA,
+    # gpu_memory_utilization of the device (memory_profile.py); on the CPU,
+    # DEFAULT_CPU_KV_CACHE_MEMORY.
     num_blocks: int | None = None
-    kv_cache_memory: int = 256 * 1024 ** 2     # bytes, when num_blocks is not given
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
@@ -37,6 +47,17 @@ def model_fingerprint(directory: Path, dtype: torch.dtype, block_size: int) -> s
     return f"{directory.name}:{digest}:{str(dtype).removeprefix('torch.')}:bs{block_size}"
 
 
+def kv_cache_bytes(model: CausalLM, spec: KvCacheSpec, options: EngineOptions,
+                   max_model_len: int, device: torch.device) -> int:
+    if options.kv_cache_memory is not None:
+        return options.kv_cache_memory
+    if device.type != "cuda":
+        return DEFAULT_CPU_KV_CACHE_MEMORY
+    memory = measure_gpu_memory(model, spec, options.max_num_batched_tokens,
+                                options.max_num_seqs, max_model_len, device)
+    return kv_cache_budget(memory, options.gpu_memory_utilization)
+
+
 def build_engine(directory: Path, options: EngineOptions = EngineOptions(),
                  allocator: BlockAllocator | None = None) -> Engine:
     directory = Path(directory)
@@ -48,7 +69,8 @@ def build_engine(directory: Path, options: EngineOptions = EngineOptions(),
     spec = KvCacheSpec(config.num_layers, options.num_blocks or 0, options.block_size,
                        config.num_kv_heads, config.head_dim, dtype)
     if not spec.num_blocks:
-        spec = replace(spec, num_blocks=max(1, options.kv_cache_memory // spec.bytes_per_block))
+        budget = kv_cache_bytes(model, spec, options, max_model_len, device)
+        spec = replace(spec, num_blocks=max(1, budget // spec.bytes_per_block))
     num_blocks = spec.num_blocks
     kv_cache = allocate_kv_cache(spec, device)
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
