@@ -2,24 +2,18 @@
 embedded default model, a real gRPC Session stream."""
 from __future__ import annotations
 
-import queue
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, hermetic_env
+from allocator_process import AllocatorProcess, ExecutorProcess
+from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait_for
 
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
 from executor_service.engine.sampling_params import SamplingParams
 from executor_service.model.embedded import embedded_model_dir
-from pagedserve.allocator.v1 import allocator_pb2 as apb
-from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
@@ -31,60 +25,6 @@ def stack(tmp_path_factory) -> Iterator[tuple[AllocatorProcess, ExecutorProcess,
         with ExecutorProcess("--allocator", allocator.target, "--num-blocks", "256",
                              env={"PAGEDSERVE_CACHE_DIR": str(cache)}) as executor:
             yield allocator, executor, cache
-
-
-class Stream:
-    """A Session: messages go up through a queue, updates come down in a thread."""
-
-    def __init__(self, executor: ExecutorProcess) -> None:
-        self.up: queue.Queue = queue.Queue()
-        self.updates: queue.Queue = queue.Queue()
-        self.call = pb_grpc.ExecutorStub(executor.channel()).Session(iter(self.up.get, None))
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for response in self.call:
-                for update in response.updates:
-                    self.updates.put(update)
-        except grpc.RpcError:
-            pass
-
-    def submit(self, request_id: str, prompt: list[int], **sampling) -> None:
-        self.up.put(pb.SessionRequest(submit=pb.SubmitRequest(
-            request_id=request_id, prompt_token_ids=prompt,
-            sampling=pb.SamplingParams(**sampling))))
-
-    def cancel(self, request_id: str) -> None:
-        self.up.put(pb.SessionRequest(cancel=pb.CancelRequest(request_id=request_id)))
-
-    def until_finished(self, request_id: str, timeout_s: float = 60) -> list:
-        updates, deadline = [], time.monotonic() + timeout_s
-        while True:
-            update = self.updates.get(timeout=max(0.1, deadline - time.monotonic()))
-            if update.request_id == request_id:
-                updates.append(update)
-                if update.finished:
-                    return updates
-
-    def close(self) -> None:
-        self.up.put(None)
-        self.call.cancel()
-
-
-def used_blocks(allocator: AllocatorProcess) -> int:
-    stats = apb_grpc.AllocatorAdminStub(allocator.channel()).GetStats(apb.GetStatsRequest())
-    return stats.total.num_used_blocks
-
-
-def pagedctl_audit(allocator: AllocatorProcess) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pagedserve.cli.pagedctl", "--target",
-                           allocator.target, "audit"], capture_output=True, text=True,
-                          timeout=60, env=hermetic_env())
-
-
-def tokens_of(updates: list, index: int = 0) -> list[int]:
-    return [t for u in updates for c in u.completions if c.index == index for t in c.token_ids]
 
 
 def test_streamed_greedy_tokens_equal_the_in_process_engine(stack):
@@ -152,10 +92,3 @@ def test_get_info_describes_the_model_and_its_pool(stack):
     assert info.model_name == "pagedserve-embedded-llama"
     assert (info.vocab_size, info.block_size, info.num_blocks) == (262, 16, 256)
     assert list(info.eos_token_ids) == [257] and info.epoch >= 1
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
