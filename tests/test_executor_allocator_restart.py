@@ -85,5 +85,5 @@ def test_streams_finish_identically_across_an_allocator_kill(durable, tmp_path, 
         allocator.stop()
 
 
-def info(executor: ExecutorProcess) -> pb.GetInfoResponse:
+def info(executor: ExecutorProcess) -> pb.ExecutorInfo:
     return pb_grpc.ExecutorStub(executor.channel()).GetInfo(pb.GetInfoRequest())
