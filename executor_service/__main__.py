@@ -10,6 +10,8 @@ from executor_service.allocator_client import RemoteBlockAllocator
 from executor_service.config import ExecutorConfig, default_executor_id, parse_config
 from executor_service.engine.build import build_engine
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
+from executor_service.model.model_config import ModelConfig
+from executor_service.model.tokenizer_files import load_tokenizer_files
 from executor_service.servicer import ExecutorServicer
 from executor_service.serving_loop import ServingLoop
 from pagedserve.common.logs import setup_logging
@@ -25,6 +27,8 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
     executor_id = config.executor_id or default_executor_id(port)
     address = config.advertise_address or f"{config.server.host}:{port}"
     directory = config.model or embedded_model_dir()
+    model_config = ModelConfig.from_dir(directory, max_model_len=config.engine.max_model_len)
+    tokenizer = load_tokenizer_files(directory, model_config.vocab_size)
     allocator = RemoteBlockAllocator(config.allocator, executor_id, address,
                                      token=config.allocator_token)
     engine = build_engine(directory, config.engine, allocator)
@@ -37,8 +41,8 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
         max_model_len=engine.max_model_len, eos_token_ids=sorted(engine.eos_token_ids),
         block_size=config.engine.block_size, num_blocks=engine.num_blocks,
         dtype=str(engine.runner.kv_cache.dtype).removeprefix("torch."),
-        device=str(engine.runner.device))
-    servicer.ready(loop, info)
+        device=str(engine.runner.device), tokenizer_digest=tokenizer.digest)
+    servicer.ready(loop, info, tokenizer)
     loop.start()
     service.set_serving(True)
     return loop

@@ -1,4 +1,5 @@
-"""The thin gRPC layer of the executor: Session streams and GetInfo, over the serving loop."""
+"""The thin gRPC layer of the executor: Session streams, GetInfo and GetTokenizer, over the
+serving loop."""
 from __future__ import annotations
 
 import queue
@@ -10,6 +11,7 @@ import grpc
 from executor_service.convert import (check_request_id, refusal_to_proto, sampling_from_proto,
                                       update_to_proto)
 from executor_service.engine.engine import Engine
+from executor_service.model.tokenizer_files import TokenizerFiles
 from executor_service.serving_loop import Refusal, ServingLoop, Session
 from pagedserve.common.errors import InvalidArgument, PagedServeError, Unavailable
 from pagedserve.executor.v1 import executor_pb2 as pb
@@ -17,6 +19,9 @@ from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
 # How often a session's sender looks whether its call has ended while no update comes.
 POLL_S = 0.2
+# GetTokenizer's chunks: well under gRPC's default 4 MiB message limit (Qwen's tokenizer.json
+# alone is about 7 MB).
+TOKENIZER_CHUNK_BYTES = 1 << 20
 
 
 class ExecutorServicer(pb_grpc.ExecutorServicer):
@@ -26,9 +31,11 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
     def __init__(self) -> None:
         self.loop: ServingLoop | None = None
         self.static_info = pb.ExecutorInfo()
+        self.tokenizer: TokenizerFiles | None = None
 
-    def ready(self, loop: ServingLoop, info: pb.ExecutorInfo) -> None:
-        self.static_info, self.loop = info, loop
+    def ready(self, loop: ServingLoop, info: pb.ExecutorInfo,
+              tokenizer: TokenizerFiles) -> None:
+        self.static_info, self.tokenizer, self.loop = info, tokenizer, loop
 
     def _loop(self) -> ServingLoop:
         if self.loop is None:
@@ -95,4 +102,12 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         info.num_steps = engine.num_steps
         info.epoch = getattr(engine.allocator, "epoch", 0)
         return info
+
+    def GetTokenizer(self, request: pb.GetTokenizerRequest,
+                     context: grpc.ServicerContext) -> Iterator[pb.TokenizerChunk]:
+        self._loop()
+        for name, data in self.tokenizer.files.items():
+            for start in range(0, max(len(data), 1), TOKENIZER_CHUNK_BYTES):
+                yield pb.TokenizerChunk(file_name=name,
+                                        data=data[start:start + TOKENIZER_CHUNK_BYTES])
 

@@ -14,6 +14,7 @@ from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
 from executor_service.engine.sampling_params import SamplingParams
 from executor_service.model.embedded import embedded_model_dir
+from executor_service.model.tokenizer_files import load_tokenizer_files
 from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
@@ -92,3 +93,15 @@ def test_get_info_describes_the_model_and_its_pool(stack):
     assert info.model_name == "pagedserve-embedded-llama"
     assert (info.vocab_size, info.block_size, info.num_blocks) == (262, 16, 256)
     assert list(info.eos_token_ids) == [257] and info.epoch >= 1
+
+
+def test_get_tokenizer_sends_the_checkpoints_files_with_the_info_digest(stack):
+    _, executor, cache = stack
+    stub = pb_grpc.ExecutorStub(executor.channel())
+    received: dict[str, bytes] = {}
+    for chunk in stub.GetTokenizer(pb.GetTokenizerRequest()):
+        received[chunk.file_name] = received.get(chunk.file_name, b"") + chunk.data
+    expected = load_tokenizer_files(embedded_model_dir(cache), 262)
+    assert received == expected.files
+    assert stub.GetInfo(pb.GetInfoRequest()).tokenizer_digest == expected.digest
+

@@ -142,7 +142,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("executor_id", "model_name", "model_fingerprint", "vocab_size", "max_model_len", "eos_token_ids", "block_size", "num_blocks", "dtype", "device", "num_waiting", "num_running", "num_preemptions", "num_stalls", "num_steps", "epoch")
+    __slots__ = ("executor_id", "model_name", "model_fingerprint", "vocab_size", "max_model_len", "eos_token_ids", "block_size", "num_blocks", "dtype", "device", "num_waiting", "num_running", "num_preemptions", "num_stalls", "num_steps", "epoch", "tokenizer_digest")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class ExecutorInfo(_message.Message):
     NUM_STALLS_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_DIGEST_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     model_name: str
     model_fingerprint: str
@@ -175,4 +176,17 @@ class ExecutorInfo(_message.Message):
     num_stalls: int
     num_steps: int
     epoch: int
-    def __init__(self, executor_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_stalls: _Optional[int] = ..., num_steps: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    tokenizer_digest: str
+    def __init__(self, executor_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_stalls: _Optional[int] = ..., num_steps: _Optional[int] = ..., epoch: _Optional[int] = ..., tokenizer_digest: _Optional[str] = ...) -> None: ...
+
+class GetTokenizerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TokenizerChunk(_message.Message):
+    __slots__ = ("file_name", "data")
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    file_name: str
+    data: bytes
+    def __init__(self, file_name: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -24,6 +24,11 @@ class ExecutorStub(object):
                 request_serializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.ExecutorInfo.FromString,
                 )
+        self.GetTokenizer = channel.unary_stream(
+                '/pagedserve.executor.v1.Executor/GetTokenizer',
+                request_serializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.GetTokenizerRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.TokenizerChunk.FromString,
+                )
 
 
 class ExecutorServicer(object):
@@ -45,6 +50,15 @@ class ExecutorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTokenizer(self, request, context):
+        """The checkpoint's tokenizer files (tokenizer.json, and the chat template and special-token
+        files beside it when present), in chunks: a client tokenizes exactly as the model was
+        trained without a copy of the checkpoint. ExecutorInfo.tokenizer_digest identifies them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +71,11 @@ def add_ExecutorServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.GetInfoRequest.FromString,
                     response_serializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.ExecutorInfo.SerializeToString,
+            ),
+            'GetTokenizer': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetTokenizer,
+                    request_deserializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.GetTokenizerRequest.FromString,
+                    response_serializer=pagedserve_dot_executor_dot_v1_dot_executor__pb2.TokenizerChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -99,5 +118,22 @@ class Executor(object):
         return grpc.experimental.unary_unary(request, target, '/pagedserve.executor.v1.Executor/GetInfo',
             pagedserve_dot_executor_dot_v1_dot_executor__pb2.GetInfoRequest.SerializeToString,
             pagedserve_dot_executor_dot_v1_dot_executor__pb2.ExecutorInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/pagedserve.executor.v1.Executor/GetTokenizer',
+            pagedserve_dot_executor_dot_v1_dot_executor__pb2.GetTokenizerRequest.SerializeToString,
+            pagedserve_dot_executor_dot_v1_dot_executor__pb2.TokenizerChunk.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
