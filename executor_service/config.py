@@ -12,7 +12,7 @@ from executor_service.engine.build import DEFAULT_GPU_MEMORY_UTILIZATION, Engine
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
 
-DEFAULT_PORT = 50061
+DEFAULT_PORT = 50053
 ENV_PREFIX = "PAGEDSERVE_EXECUTOR"
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 
