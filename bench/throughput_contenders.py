@@ -23,7 +23,7 @@ from tqdm import tqdm
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.engine import Engine
 from executor_service.engine.offline import generate
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 
 # Left padding of static batches; masked out, so any id does.
 PAD_TOKEN_ID = 0

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from executor_service.engine.request import RequestOutput
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 from executor_service.serving_loop import Refusal
 from pagedserve.common.error_interceptor import status_of
 from pagedserve.common.errors import InvalidArgument

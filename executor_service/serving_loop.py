@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from executor_service.allocator_client import PoolLost
 from executor_service.engine.engine import Engine
 from executor_service.engine.request import RequestOutput
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.common.errors import PagedServeError
 
 log = logging.getLogger(__name__)

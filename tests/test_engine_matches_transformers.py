@@ -13,7 +13,7 @@ from model_checkpoints import (ARCHITECTURES, random_prompts, transformers_greed
 from allocator_service.audit import audit_pool
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 
 MAX_NEW = 20
 

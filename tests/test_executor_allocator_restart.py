@@ -18,7 +18,7 @@ from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait
 
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 from executor_service.model.embedded import embedded_model_dir
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc

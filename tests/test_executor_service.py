@@ -12,7 +12,7 @@ from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait
 
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 from executor_service.model.embedded import embedded_model_dir
 from executor_service.model.tokenizer_files import load_tokenizer_files
 from pagedserve.executor.v1 import executor_pb2 as pb

@@ -10,7 +10,7 @@ from model_checkpoints import random_prompts, write_checkpoint
 from allocator_service.audit import audit_pool
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 
 PROMPT_LEN = 40        # two full blocks of 16 and a shared partial third
 SEEDED = SamplingParams(n=4, temperature=1.0, top_p=0.95, seed=1234, max_tokens=12,

@@ -22,7 +22,7 @@ from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Request, RequestOutput
 from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
 from executor_service.engine.sequence import Sequence, SequenceStatus
 from executor_service.engine.step_plan import StepPlan, append_op

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from executor_service.engine.sampler import Sampler, SamplingRow
-from executor_service.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from pagedserve.common.sampling_params import MAX_LOGPROBS, SamplingParams
 from executor_service.model.attention_batch import AttentionBatch
 from executor_service.model.causal_lm import CausalLM
 from kernels import KvCacheSpec, allocate_kv_cache

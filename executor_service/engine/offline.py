@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from executor_service.engine.engine import Engine
 from executor_service.engine.request import Usage
-from executor_service.engine.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

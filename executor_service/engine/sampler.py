@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_service.engine.sampling_params import (GREEDY_BELOW_TEMPERATURE, MAX_SEED,
+from pagedserve.common.sampling_params import (GREEDY_BELOW_TEMPERATURE, MAX_SEED,
                                                      SamplingParams)
 
 
