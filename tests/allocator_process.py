@@ -178,3 +178,11 @@ class ExecutorProcess(ServiceProcess):
                  env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
         super().__init__(*extra_args, startup_timeout_s=startup_timeout_s, env=env,
                          stderr_lines=stderr_lines)
+
+
+class GatewayProcess(ServiceProcess):
+    """`python -m gateway`: SERVING once it reached at least one ready executor through the
+    allocator (pass --allocator HOST:PORT)."""
+
+    MODULE = "gateway"
+    READY_PREFIX = "gateway listening on "

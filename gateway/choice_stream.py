@@ -1,0 +1,86 @@
+"""One completion's way from token ids to text deltas: incremental detokenization, then stop
+strings. What the client receives for a choice comes out of here."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.stop_strings import StopStringMatcher
+from gateway.tokenizer import GatewayTokenizer
+
+# Executor finish reasons (pagedserve.executor.v1.FinishReason) as the gateway's words.
+FINISH_REASONS = {1: "stop", 2: "length", 3: "cancelled", 4: "error"}
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...]
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    # "stop", "length", "cancelled" or "error" on the choice's last delta.
+    finish_reason: str | None = None
+    error: str = ""
+
+
+class ChoiceStream:
+    def __init__(self, index: int, tokenizer: GatewayTokenizer, prompt_token_ids: list[int],
+                 stop: tuple[str, ...], skip_special_tokens: bool) -> None:
+        self.index = index
+        self._tokenizer = tokenizer
+        self._detokenizer = IncrementalDetokenizer(tokenizer.tokenizer, skip_special_tokens,
+                                                   prompt_token_ids)
+        self._stops = StopStringMatcher(stop)
+        self.finish_reason: str | None = None
+        self.num_tokens = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def advance(self, token_ids: list[int], logprobs, executor_finish: int) -> ChoiceDelta:
+        """The delta for new tokens (and the executor's finish reason, 0 while running).
+        A stop string ends the choice here, whatever the executor goes on generating."""
+        delta = ChoiceDelta(self.index, token_ids=list(token_ids),
+                            logprobs=[self._logprob(entry) for entry in logprobs])
+        self.num_tokens += len(token_ids)
+        text = self._detokenizer.add(token_ids)
+        if executor_finish:
+            text += self._detokenizer.finish()
+        result = self._stops.feed(text)
+        delta.text = result.text
+        if result.stopped:
+            self.finish_reason = delta.finish_reason = "stop"
+        elif executor_finish:
+            delta.text += self._stops.flush()
+            self.finish_reason = delta.finish_reason = FINISH_REASONS.get(executor_finish,
+                                                                          "error")
+        return delta
+
+    def end(self, reason: str, error: str = "") -> ChoiceDelta:
+        """Ends an unfinished choice from outside (its executor failed, or was cancelled)."""
+        self.finish_reason = reason
+        return ChoiceDelta(self.index, finish_reason=reason, error=error)
+
+    def _logprob(self, entry) -> TokenLogprob:
+        return TokenLogprob(entry.token_id, self._token_text(entry.token_id), entry.logprob,
+                            tuple(TopLogprob(top.token_id, self._token_text(top.token_id),
+                                             top.logprob) for top in entry.top))
+
+    def _token_text(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)

@@ -1,0 +1,65 @@
+"""The gateway's configuration, from flags and PAGEDSERVE_GATEWAY_* environment variables."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from pagedserve.common.config import add_server_flags, env_or, server_options
+from pagedserve.common.server import ServerOptions
+
+DEFAULT_PORT = 50051
+ENV_PREFIX = "PAGEDSERVE_GATEWAY"
+# Threads beyond one per running or queued request, for Tokenize, ListModels and health.
+SPARE_WORKERS = 16
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayConfig:
+    server: ServerOptions
+    allocator: str
+    # Presented to the allocator and the executors.
+    service_token: str
+    tls_ca: str
+    max_running: int
+    max_queued: int
+    refresh_s: float
+    log_level: str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway",
+        description="pagedserve gateway: text in, text out; routes to executors by KV overlap")
+    add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT)
+    env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
+    parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
+                        help="the allocator's HOST:PORT; executors are discovered through it")
+    parser.add_argument("--tls-ca", default=env("TLS_CA", ""),
+                        help="PEM CA bundle to verify the allocator's and executors' TLS")
+    parser.add_argument("--max-running", type=int, default=env("MAX_RUNNING", 256),
+                        help="requests generating at once; more wait in the queue")
+    parser.add_argument("--max-queued", type=int, default=env("MAX_QUEUED", 256),
+                        help="requests waiting at most; beyond, RESOURCE_EXHAUSTED at once")
+    parser.add_argument("--refresh-s", type=float, default=env("REFRESH_S", 1.0),
+                        help="seconds between looks at the allocator's executor list")
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None) -> GatewayConfig:
+    args = build_parser().parse_args(argv)
+    for name in ("max_running", "max_queued"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.refresh_s > 0:
+        raise SystemExit(f"--refresh-s must be positive, got {args.refresh_s}")
+    server = server_options(args)
+    # --auth-token (PAGEDSERVE_AUTH_TOKEN) is the services' shared token: the gateway presents
+    # it to the allocator and executors. Its own clients authenticate with API keys instead.
+    server = replace(server, auth_token="",
+                     max_workers=max(server.max_workers,
+                                     args.max_running + args.max_queued + SPARE_WORKERS))
+    return GatewayConfig(server=server, allocator=args.allocator,
+                         service_token=args.auth_token, tls_ca=args.tls_ca,
+                         max_running=args.max_running, max_queued=args.max_queued,
+                         refresh_s=args.refresh_s, log_level=args.log_level)

@@ -1,0 +1,84 @@
+"""pagedserve.gateway.v1 messages ↔ the gateway's domain objects; nothing else."""
+from __future__ import annotations
+
+from gateway.choice_stream import ChoiceDelta
+from gateway.generation import GenerationEvent
+from gateway.generation_request import ChatMessage, GenerationRequest
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.gateway.v1 import gateway_pb2 as pb
+
+# The proto documents max_tokens' default as 16 (OpenAI's for completions).
+DEFAULT_MAX_TOKENS = 16
+FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
+                  "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED,
+                  "error": pb.FINISH_REASON_ERROR}
+
+
+def _optional(message, name: str, default):
+    return getattr(message, name) if message.HasField(name) else default
+
+
+def sampling_from_proto(message: pb.SamplingOptions) -> SamplingParams:
+    return SamplingParams(
+        n=_optional(message, "n", 1),
+        temperature=_optional(message, "temperature", 1.0),
+        top_k=_optional(message, "top_k", 0),
+        top_p=_optional(message, "top_p", 1.0),
+        min_p=_optional(message, "min_p", 0.0),
+        seed=_optional(message, "seed", None),
+        repetition_penalty=_optional(message, "repetition_penalty", 1.0),
+        presence_penalty=_optional(message, "presence_penalty", 0.0),
+        frequency_penalty=_optional(message, "frequency_penalty", 0.0),
+        stop_token_ids=tuple(message.stop_token_ids),
+        ignore_eos=message.ignore_eos,
+        logprobs=_optional(message, "logprobs", None))
+
+
+def chat_from_proto(message: pb.ChatPrompt) -> tuple[tuple[ChatMessage, ...], bool]:
+    return (tuple(ChatMessage(m.role, m.content) for m in message.messages),
+            _optional(message, "add_generation_prompt", True))
+
+
+def request_from_proto(message: pb.GenerateRequest) -> GenerationRequest:
+    kind = message.WhichOneof("prompt")
+    chat, add_generation_prompt = (chat_from_proto(message.chat) if kind == "chat"
+                                   else (None, True))
+    return GenerationRequest(
+        model=message.model,
+        text=message.text if kind == "text" else None,
+        token_ids=tuple(message.token_ids.ids) if kind == "token_ids" else None,
+        chat=chat, add_generation_prompt=add_generation_prompt,
+        sampling=sampling_from_proto(message.sampling),
+        max_tokens=_optional(message.sampling, "max_tokens", DEFAULT_MAX_TOKENS),
+        stop=tuple(message.stop), cache_salt=message.cache_salt,
+        keep_special_tokens=message.keep_special_tokens)
+
+
+def tokenize_request_from_proto(message: pb.TokenizeRequest) -> GenerationRequest:
+    kind = message.WhichOneof("prompt")
+    chat, add_generation_prompt = (chat_from_proto(message.chat) if kind == "chat"
+                                   else (None, True))
+    return GenerationRequest(model=message.model,
+                             text=message.text if kind == "text" else None,
+                             chat=chat, add_generation_prompt=add_generation_prompt)
+
+
+def choice_to_proto(delta: ChoiceDelta) -> pb.ChoiceDelta:
+    message = pb.ChoiceDelta(index=delta.index, text=delta.text, token_ids=delta.token_ids,
+                             finish_reason=FINISH_REASONS[delta.finish_reason],
+                             error=delta.error)
+    for entry in delta.logprobs:
+        message.logprobs.add(token_id=entry.token_id, token=entry.token, logprob=entry.logprob,
+                             top=[pb.TopLogprob(token_id=top.token_id, token=top.token,
+                                                logprob=top.logprob) for top in entry.top])
+    return message
+
+
+def event_to_proto(event: GenerationEvent) -> pb.GenerateResponse:
+    response = pb.GenerateResponse(choices=[choice_to_proto(c) for c in event.choices],
+                                   model=event.model, request_id=event.request_id)
+    if event.usage is not None:
+        response.usage.CopyFrom(pb.Usage(prompt_tokens=event.usage.prompt_tokens,
+                                         completion_tokens=event.usage.completion_tokens,
+                                         cached_tokens=event.usage.cached_tokens))
+    return response

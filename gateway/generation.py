@@ -1,0 +1,222 @@
+"""One request's life in the gateway, the same for gRPC and HTTP clients:
+
+    check fields → pick the model → tokenize, check the context window → admission (limits)
+    → route (MatchPrefix + load) → submit on the executor's Session → token ids in,
+    text deltas out (per choice: detokenize, stop strings) → usage on the last event
+
+The caller iterates `generate()`; `cancelled()` is polled while waiting, so a client that goes
+away has its executor request cancelled within one poll, and its blocks freed within an
+iteration after that. A request whose executor link breaks before any token was sent is
+resubmitted once to another executor; after that the choices end with an error.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import grpc
+
+from gateway import router
+from gateway.admission import Admission
+from gateway.choice_stream import ChoiceDelta, ChoiceStream
+from gateway.executor_directory import ExecutorDirectory, ExecutorEntry, ServedModel
+from gateway.executor_link import LinkLost
+from gateway.executor_requests import sampling_to_proto
+from gateway.generation_request import GenerationRequest
+from gateway.prompt import generation_budget, prompt_token_ids
+from pagedserve.allocator.v1 import allocator_pb2 as apb
+from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
+from pagedserve.common import errors
+from pagedserve.common.errors import InvalidArgument, NotFound, Unavailable
+
+log = logging.getLogger(__name__)
+POLL_S = 0.1
+MATCH_TIMEOUT_S = 2.0
+ATTEMPTS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(slots=True)
+class GenerationEvent:
+    choices: list[ChoiceDelta] = field(default_factory=list)
+    # On the last event only.
+    usage: Usage | None = None
+    # On the first event only.
+    model: str = ""
+    request_id: str = ""
+
+
+class Generator:
+    def __init__(self, directory: ExecutorDirectory, allocator: grpc.Channel,
+                 admission: Admission) -> None:
+        self.directory = directory
+        self._allocator = apb_grpc.AllocatorStub(allocator)
+        self.admission = admission
+
+    def model(self, name: str) -> ServedModel:
+        models = self.directory.models
+        if not models:
+            raise Unavailable("no executor is ready yet; retry shortly")
+        if not name:
+            if len(models) > 1:
+                raise InvalidArgument(f"model must be given: this gateway serves "
+                                      f"{', '.join(sorted(models))}")
+            return next(iter(models.values()))
+        if name not in models:
+            raise NotFound(f"model {name!r} is not served here; served: "
+                           f"{', '.join(sorted(models))}")
+        return models[name]
+
+    def tokenize(self, request: GenerationRequest) -> tuple[list[int], ServedModel]:
+        request.check()
+        model = self.model(request.model)
+        return prompt_token_ids(request, model), model
+
+    def generate(self, request: GenerationRequest,
+                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[GenerationEvent]:
+        prompt, model = self.tokenize(request)
+        max_tokens = generation_budget(request, len(prompt), model)
+        sampling = replace(request.sampling, max_tokens=max_tokens)
+        sampling.validate(model.vocab_size)
+        with self.admission.slot(cancelled):
+            yield from self._serve(request, model, prompt, sampling, cancelled)
+
+    def _serve(self, request, model, prompt, sampling, cancelled) -> Iterator[GenerationEvent]:
+        request_id = f"gw-{uuid.uuid4().hex[:16]}"
+        choices = [ChoiceStream(index, model.tokenizer, prompt, request.stop,
+                                not request.keep_special_tokens)
+                   for index in range(sampling.n)]
+        first = GenerationEvent(model=model.name, request_id=request_id)
+        tried: set[str] = set()
+        for attempt in range(ATTEMPTS):
+            entry = self._route(model, prompt, request.cache_salt, tried)
+            tried.add(entry.executor_id)
+            link = entry.link
+            updates = link.submit(request_id, prompt, sampling_to_proto(sampling),
+                                  request.cache_salt)
+            sent_tokens = False
+            held = GenerationEvent()
+            executor_done = False
+            try:
+                while True:
+                    update = self._next(updates, cancelled)
+                    if update is None:        # the client went away (finally cancels)
+                        return
+                    executor_done = isinstance(update, LinkLost) or update.finished
+                    if isinstance(update, LinkLost):
+                        if not sent_tokens and attempt + 1 < ATTEMPTS:
+                            log.warning("%s: %s; resubmitting", request_id, update.message)
+                            break
+                        yield self._fail(choices, f"executor failed: {update.message}")
+                        return
+                    if update.error:
+                        if not sent_tokens:
+                            raise executor_refusal(update)
+                        yield self._fail(choices, update.error)
+                        return
+                    event = self._advance(choices, update, link, request_id)
+                    if all(choice.finished for choice in choices) and not update.finished:
+                        # Every choice met a stop string and the executor request is being
+                        # cancelled: its last update (usage, cached tokens) is an iteration
+                        # away, and these deltas go out with it.
+                        held.choices += event.choices
+                        continue
+                    event.choices[:0], held.choices = held.choices, []
+                    if first is not None:
+                        event.model, event.request_id, first = first.model, first.request_id, None
+                    sent_tokens = sent_tokens or any(d.token_ids for d in event.choices)
+                    if update.finished:
+                        event.usage = Usage(len(prompt), sum(c.num_tokens for c in choices),
+                                            update.usage.cached_tokens)
+                        yield event
+                        return
+                    if event.choices:
+                        yield event
+            finally:
+                # Also reached when the caller stops iterating (a gRPC client that cancels
+                # closes this generator): the executor must stop computing for nobody.
+                if not executor_done:
+                    link.cancel(request_id)
+                link.forget(request_id)
+            request_id = f"gw-{uuid.uuid4().hex[:16]}"
+        raise Unavailable("no executor could serve the request")  # pragma: no cover
+
+    def _next(self, updates: queue.Queue, cancelled: Callable[[], bool]):
+        while True:
+            try:
+                return updates.get(timeout=POLL_S)
+            except queue.Empty:
+                if cancelled():
+                    return None
+
+    def _advance(self, choices: list[ChoiceStream], update, link, request_id: str
+                 ) -> GenerationEvent:
+        event = GenerationEvent()
+        for completion in update.completions:
+            choice = choices[completion.index]
+            if choice.finished:   # stopped by a stop string; the executor goes on for now
+                continue
+            event.choices.append(choice.advance(list(completion.token_ids),
+                                                completion.logprobs, completion.finish_reason))
+        if all(choice.finished for choice in choices) and not update.finished:
+            link.cancel(request_id)   # every choice hit a stop string
+        if update.finished:           # the executor ended choices the gateway had not
+            event.choices += [choice.end("cancelled") for choice in choices
+                              if not choice.finished]
+        return event
+
+    def _fail(self, choices: list[ChoiceStream], message: str) -> GenerationEvent:
+        return GenerationEvent([choice.end("error", message) for choice in choices
+                                if not choice.finished],
+                               Usage(0, sum(c.num_tokens for c in choices), 0))
+
+    def _route(self, model: ServedModel, prompt: list[int], cache_salt: str,
+               tried: set[str]) -> ExecutorEntry:
+        entries = {executor_id: entry for executor_id, entry in model.executors.items()
+                   if entry.link.alive and executor_id not in tried}
+        if not entries:
+            raise Unavailable(f"no executor of {model.name} is reachable; retry shortly")
+        matches = self._matches(prompt, cache_salt)
+        candidates = []
+        for executor_id, entry in entries.items():
+            match = matches.get(executor_id)
+            candidates.append(router.Candidate(
+                executor_id, cached_tokens=match.num_cached_tokens if match else 0,
+                free_blocks=match.num_free_blocks if match else entry.info.num_blocks,
+                num_blocks=match.num_blocks if match else entry.info.num_blocks,
+                num_waiting=match.num_waiting if match else 0,
+                num_open=entry.link.num_open))
+        return entries[router.choose(candidates, len(prompt)).executor_id]
+
+    def _matches(self, prompt: list[int], cache_salt: str) -> dict[str, apb.ExecutorMatch]:
+        """MatchPrefix per executor; without an answer (allocator down) routing falls back to
+        load alone rather than failing the request."""
+        started = time.monotonic()
+        try:
+            response = self._allocator.MatchPrefix(
+                apb.MatchPrefixRequest(token_ids=prompt, cache_salt=cache_salt),
+                timeout=MATCH_TIMEOUT_S)
+        except grpc.RpcError as error:
+            log.warning("MatchPrefix failed after %.1f s (%s); routing by load",
+                        time.monotonic() - started, error.code().name)
+            return {}
+        return {match.executor_id: match for match in response.executors}
+
+
+# An executor's refusal (RequestUpdate.error_code, a google.rpc.Code) as the error to raise.
+REFUSALS = {3: errors.InvalidArgument, 5: errors.NotFound, 6: errors.AlreadyExists,
+            8: errors.ResourceExhausted, 9: errors.FailedPrecondition, 14: errors.Unavailable}
+
+
+def executor_refusal(update) -> Exception:
+    return REFUSALS.get(update.error_code, errors.Unavailable)(update.error)

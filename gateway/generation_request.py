@@ -1,0 +1,67 @@
+"""What a client asks the gateway for, as one domain object whichever API it came through
+(gRPC Generate, HTTP /v1/completions or /v1/chat/completions), and the field checks that do not
+depend on the model. Checks that do (vocabulary, context window) happen once the prompt is
+tokenized (gateway/prompt.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedserve.common.errors import InvalidArgument
+from pagedserve.common.sampling_params import SamplingParams
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 64
+MAX_CACHE_SALT_CHARS = 256
+MAX_PROMPT_CHARS = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    model: str
+    # Exactly one of the three prompt forms is set.
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    chat: tuple[ChatMessage, ...] | None = None
+    add_generation_prompt: bool = True
+    # max_tokens None (in `max_tokens`): up to the context window.
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    cache_salt: str = ""
+    keep_special_tokens: bool = False
+
+    def check(self) -> None:
+        """Raises InvalidArgument naming the first bad field (`field` as the API spells it)."""
+        forms = sum(form is not None for form in (self.text, self.token_ids, self.chat))
+        _check(forms == 1, "prompt: give exactly one of text, token ids or chat messages")
+        if self.text is not None:
+            _check(self.text != "", "prompt must not be empty")
+            _check(len(self.text) <= MAX_PROMPT_CHARS,
+                   f"prompt has {len(self.text)} characters, more than {MAX_PROMPT_CHARS}")
+        if self.token_ids is not None:
+            _check(len(self.token_ids) > 0, "prompt token ids must not be empty")
+        if self.chat is not None:
+            # Roles and contents are checked where the template renders them
+            # (gateway/chat_template.py validate_messages), naming the message.
+            _check(len(self.chat) > 0, "messages must hold at least one message")
+        _check(self.max_tokens is None or self.max_tokens >= 1,
+               f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check(len(self.stop) <= MAX_STOP_STRINGS,
+               f"stop holds {len(self.stop)} strings, at most {MAX_STOP_STRINGS} are allowed")
+        for index, stop in enumerate(self.stop):
+            _check(1 <= len(stop) <= MAX_STOP_STRING_CHARS,
+                   f"stop[{index}] must be 1 to {MAX_STOP_STRING_CHARS} characters, "
+                   f"got {len(stop)}")
+        _check(len(self.cache_salt) <= MAX_CACHE_SALT_CHARS,
+               f"cache_salt must be at most {MAX_CACHE_SALT_CHARS} characters")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidArgument(message)
