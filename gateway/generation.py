@@ -117,12 +117,13 @@ class Generator:
                         if not sent_tokens and attempt + 1 < ATTEMPTS:
                             log.warning("%s: %s; resubmitting", request_id, update.message)
                             break
-                        yield self._fail(choices, f"executor failed: {update.message}")
+                        yield self._fail(choices, len(prompt),
+                                         f"executor failed: {update.message}")
                         return
                     if update.error:
                         if not sent_tokens:
                             raise executor_refusal(update)
-                        yield self._fail(choices, update.error)
+                        yield self._fail(choices, len(prompt), update.error)
                         return
                     event = self._advance(choices, update, link, request_id)
                     if all(choice.finished for choice in choices) and not update.finished:
@@ -175,10 +176,11 @@ class Generator:
                               if not choice.finished]
         return event
 
-    def _fail(self, choices: list[ChoiceStream], message: str) -> GenerationEvent:
+    def _fail(self, choices: list[ChoiceStream], prompt_len: int, message: str
+              ) -> GenerationEvent:
         return GenerationEvent([choice.end("error", message) for choice in choices
                                 if not choice.finished],
-                               Usage(0, sum(c.num_tokens for c in choices), 0))
+                               Usage(prompt_len, sum(c.num_tokens for c in choices), 0))
 
     def _route(self, model: ServedModel, prompt: list[int], cache_salt: str,
                tried: set[str]) -> ExecutorEntry:
