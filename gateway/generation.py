@@ -92,7 +92,7 @@ class Generator:
             yield from self._serve(request, model, prompt, sampling, cancelled)
 
     def _serve(self, request, model, prompt, sampling, cancelled) -> Iterator[GenerationEvent]:
-        request_id = f"gw-{uuid.uuid4().hex[:16]}"
+        request_id = new_request_id()
         choices = [ChoiceStream(index, model.tokenizer, prompt, request.stop,
                                 not request.keep_special_tokens)
                    for index in range(sampling.n)]
@@ -149,7 +149,7 @@ class Generator:
                 if not executor_done:
                     link.cancel(request_id)
                 link.forget(request_id)
-            request_id = f"gw-{uuid.uuid4().hex[:16]}"
+            request_id = new_request_id()   # the failed executor may still know the old one
         raise Unavailable("no executor could serve the request")  # pragma: no cover
 
     def _next(self, updates: queue.Queue, cancelled: Callable[[], bool]):
@@ -213,6 +213,10 @@ class Generator:
                         time.monotonic() - started, error.code().name)
             return {}
         return {match.executor_id: match for match in response.executors}
+
+
+def new_request_id() -> str:
+    return f"gw-{uuid.uuid4().hex[:16]}"
 
 
 # An executor's refusal (RequestUpdate.error_code, a google.rpc.Code) as the error to raise.

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from executor_stream import wait_for
 
 from gateway.admission import Admission
 from pagedserve.common.errors import ResourceExhausted, Unavailable
@@ -24,19 +24,12 @@ def hold(admission: Admission, release: threading.Event, order: list[int], index
     return thread
 
 
-def wait_until(condition, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-
-
 def test_beyond_running_and_queued_limits_a_request_is_refused_at_once():
     admission, release, order = Admission(max_running=1, max_queued=2), threading.Event(), []
     threads = [hold(admission, release, order, 0)]
-    wait_until(lambda: admission.running == 1)
+    wait_for(lambda: admission.running == 1)
     threads += [hold(admission, release, order, i) for i in (1, 2)]
-    wait_until(lambda: admission.queued == 2)
+    wait_for(lambda: admission.queued == 2)
     with pytest.raises(ResourceExhausted, match="1 requests running and 2 queued"):
         with admission.slot():
             pass
@@ -51,9 +44,9 @@ def test_a_cancelled_waiter_leaves_the_queue():
     admission, release, order = Admission(max_running=1, max_queued=4), threading.Event(), []
     cancel = threading.Event()
     first = hold(admission, release, order, 0)
-    wait_until(lambda: admission.running == 1)
+    wait_for(lambda: admission.running == 1)
     waiter = hold(admission, release, order, 1, cancelled=cancel.is_set)
-    wait_until(lambda: admission.queued == 1)
+    wait_for(lambda: admission.queued == 1)
     cancel.set()
     waiter.join(5)
     assert order == [0, "Unavailable"] and admission.queued == 0
