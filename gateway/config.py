@@ -9,6 +9,7 @@ from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
 
 DEFAULT_PORT = 50051
+DEFAULT_HTTP_PORT = 8000
 ENV_PREFIX = "PAGEDSERVE_GATEWAY"
 # Threads beyond one per running or queued request, for Tokenize, ListModels and health.
 SPARE_WORKERS = 16
@@ -25,6 +26,9 @@ class GatewayConfig:
     max_queued: int
     refresh_s: float
     log_level: str
+    http_port: int
+    # Client API keys, each accepted on gRPC and HTTP; none: clients need no key.
+    api_keys: tuple[str, ...]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="requests generating at once; more wait in the queue")
     parser.add_argument("--max-queued", type=int, default=env("MAX_QUEUED", 256),
                         help="requests waiting at most; beyond, RESOURCE_EXHAUSTED at once")
+    parser.add_argument("--http-port", type=int, default=env("HTTP_PORT", DEFAULT_HTTP_PORT),
+                        help="port of the OpenAI-compatible HTTP API, 0 picks a free one")
+    parser.add_argument("--api-key", action="append", dest="api_keys", default=None,
+                        help="a key clients must present as 'Authorization: Bearer KEY' on gRPC "
+                             "and HTTP; repeat for several (env PAGEDSERVE_GATEWAY_API_KEYS, "
+                             "comma-separated)")
     parser.add_argument("--refresh-s", type=float, default=env("REFRESH_S", 1.0),
                         help="seconds between looks at the allocator's executor list")
     return parser
@@ -53,6 +63,12 @@ def parse_config(argv: Sequence[str] | None = None) -> GatewayConfig:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
     if not args.refresh_s > 0:
         raise SystemExit(f"--refresh-s must be positive, got {args.refresh_s}")
+    if not 0 <= args.http_port <= 65535:
+        raise SystemExit(f"--http-port must be between 0 (pick a free one) and 65535, "
+                         f"got {args.http_port}")
+    api_keys = tuple(args.api_keys if args.api_keys is not None
+                     else env_or(f"{ENV_PREFIX}_API_KEYS", "").split(","))
+    api_keys = tuple(key.strip() for key in api_keys if key.strip())
     server = server_options(args)
     # --auth-token (PAGEDSERVE_AUTH_TOKEN) is the services' shared token: the gateway presents
     # it to the allocator and executors. Its own clients authenticate with API keys instead.
@@ -62,4 +78,5 @@ def parse_config(argv: Sequence[str] | None = None) -> GatewayConfig:
     return GatewayConfig(server=server, allocator=args.allocator,
                          service_token=args.auth_token, tls_ca=args.tls_ca,
                          max_running=args.max_running, max_queued=args.max_queued,
-                         refresh_s=args.refresh_s, log_level=args.log_level)
+                         refresh_s=args.refresh_s, log_level=args.log_level,
+                         http_port=args.http_port, api_keys=api_keys)

@@ -32,7 +32,7 @@ class LinkLost:
 class ExecutorLink:
     def __init__(self, executor_id: str, channel: grpc.Channel, address: str) -> None:
         self.executor_id, self.address = executor_id, address
-        self._channel = channel
+        self.channel = channel
         self._outbox: queue.Queue[pb.SessionRequest | None] = queue.Queue()
         self._requests: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
@@ -82,7 +82,7 @@ class ExecutorLink:
         self._outbox.put(None)
         self._call.cancel()
         self._reader.join(timeout=5)
-        self._channel.close()
+        self.channel.close()
 
     def _read(self) -> None:
         try:

@@ -153,12 +153,14 @@ class Generator:
         raise Unavailable("no executor could serve the request")  # pragma: no cover
 
     def _next(self, updates: queue.Queue, cancelled: Callable[[], bool]):
-        while True:
+        """The next update, or None once the client is gone (checked before every update too:
+        a stream whose tokens keep coming must still notice)."""
+        while not cancelled():
             try:
                 return updates.get(timeout=POLL_S)
             except queue.Empty:
-                if cancelled():
-                    return None
+                pass
+        return None
 
     def _advance(self, choices: list[ChoiceStream], update, link, request_id: str
                  ) -> GenerationEvent:

@@ -42,6 +42,7 @@ class GenerationRequest:
         _check(forms == 1, "prompt: give exactly one of text, token ids or chat messages")
         if self.text is not None:
             _check(self.text != "", "prompt must not be empty")
+            _check_utf8(self.text, "prompt")
             _check(len(self.text) <= MAX_PROMPT_CHARS,
                    f"prompt has {len(self.text)} characters, more than {MAX_PROMPT_CHARS}")
         if self.token_ids is not None:
@@ -50,6 +51,8 @@ class GenerationRequest:
             # Roles and contents are checked where the template renders them
             # (gateway/chat_template.py validate_messages), naming the message.
             _check(len(self.chat) > 0, "messages must hold at least one message")
+            for index, message in enumerate(self.chat):
+                _check_utf8(message.content, f"messages[{index}].content")
         _check(self.max_tokens is None or self.max_tokens >= 1,
                f"max_tokens must be >= 1, got {self.max_tokens}")
         _check(len(self.stop) <= MAX_STOP_STRINGS,
@@ -58,8 +61,18 @@ class GenerationRequest:
             _check(1 <= len(stop) <= MAX_STOP_STRING_CHARS,
                    f"stop[{index}] must be 1 to {MAX_STOP_STRING_CHARS} characters, "
                    f"got {len(stop)}")
+            _check_utf8(stop, f"stop[{index}]")
         _check(len(self.cache_salt) <= MAX_CACHE_SALT_CHARS,
                f"cache_salt must be at most {MAX_CACHE_SALT_CHARS} characters")
+
+
+def _check_utf8(text: str, name: str) -> None:
+    """JSON can carry lone surrogates (\\ud800) that no UTF-8 tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidArgument(f"{name} is not valid Unicode: a lone surrogate "
+                              f"{text[error.start]!r} at character {error.start}") from None
 
 
 def _check(ok: bool, message: str) -> None:

@@ -8,13 +8,15 @@ import grpc
 
 from gateway.convert import event_to_proto, request_from_proto, tokenize_request_from_proto
 from gateway.generation import Generator
+from gateway.metrics import GatewayMetrics
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 
 
 class GatewayServicer(pb_grpc.GatewayServicer):
-    def __init__(self, generator: Generator) -> None:
+    def __init__(self, generator: Generator, metrics: GatewayMetrics) -> None:
         self.generator = generator
+        self.metrics = metrics
 
     def Generate(self, request: pb.GenerateRequest,
                  context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
@@ -22,7 +24,8 @@ class GatewayServicer(pb_grpc.GatewayServicer):
         # Fires when the client cancels or disconnects: the generator polls it and cancels
         # the executor request.
         context.add_callback(gone.set)
-        events = self.generator.generate(request_from_proto(request), gone.is_set)
+        events = self.metrics.observe(
+            self.generator.generate(request_from_proto(request), gone.is_set), "grpc")
         try:
             for event in events:
                 yield event_to_proto(event)

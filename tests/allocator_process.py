@@ -182,7 +182,30 @@ class ExecutorProcess(ServiceProcess):
 
 class GatewayProcess(ServiceProcess):
     """`python -m gateway`: SERVING once it reached at least one ready executor through the
-    allocator (pass --allocator HOST:PORT)."""
+    allocator (pass --allocator HOST:PORT). Its HTTP API listens on a free port too, at
+    `http_url` (e.g. http://127.0.0.1:PORT)."""
 
     MODULE = "gateway"
     READY_PREFIX = "gateway listening on "
+    HTTP_PREFIX = "gateway HTTP API on "
+
+    def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
+                 env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
+        if "--http-port" not in extra_args:
+            extra_args = (*extra_args, "--http-port", "0")
+        super().__init__(*extra_args, startup_timeout_s=startup_timeout_s, env=env,
+                         stderr_lines=stderr_lines)
+        try:
+            self.http_url = self._read_line(self.HTTP_PREFIX, startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read_line(self, prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self._stdout.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                raise self._start_error(f"exited before printing {prefix!r}", exited=True)
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()

@@ -30,11 +30,12 @@ ARCHITECTURES = {
 }
 
 
-def write_checkpoint(architecture: str, directory: Path, seed: int = 0) -> Path:
+def write_checkpoint(architecture: str, directory: Path, seed: int = 0,
+                     vocab_size: int = VOCAB) -> Path:
     """A random model whose weights are large enough to give varied greedy text (the default
     init makes nearly uniform logits, where ties would decide tokens)."""
     config_class, extra = ARCHITECTURES[architecture]
-    config = config_class(**COMMON, **extra)
+    config = config_class(**{**COMMON, "vocab_size": vocab_size}, **extra)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     generator = torch.Generator().manual_seed(seed)

@@ -9,6 +9,7 @@ USAGE = """usage: pagedserve COMMAND [ARGS]
 commands:
   up         start the services on loopback and serve until Ctrl-C (pagedserve up --help)
   allocator  run the allocator alone (same flags as python -m allocator_service)
+  generate   send one prompt to a running gateway, print the text (pagedserve generate --help)
 """
 
 
@@ -22,6 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from allocator_service.__main__ import main as allocator_main
         allocator_main(rest)
         return 0
+    if command == "generate":
+        from pagedserve.cli.generate import main as generate_main
+        return generate_main(rest)
     print(USAGE, file=sys.stderr if command not in ("-h", "--help") else sys.stdout)
     return 0 if command in ("-h", "--help") else 2
 

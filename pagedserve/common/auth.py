@@ -8,7 +8,7 @@ requires a token.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -19,21 +19,43 @@ from pagedserve.common.method_handlers import Behaviour, wrap_handler
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
+SERVICE_TOKEN_HINT = "pass the service's --auth-token (PAGEDSERVE_AUTH_TOKEN)"
+
+
+def bearer_refusal(sent: str | None, tokens: Sequence[str], carrier: str = "metadata"
+                   ) -> str | None:
+    """Why an `authorization` value (gRPC metadata, or an HTTP header) is refused; None when it
+    carries one of `tokens`.
+
+    Every token is compared in constant time, so timing tells nothing about which one nearly
+    matched."""
+    if sent is None:
+        return f"missing 'authorization: Bearer <token>' {carrier}"
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(str(sent).encode(), f"Bearer {token}".encode())
+    return None if matched else "wrong bearer token"
+
+
 class BearerTokenInterceptor(grpc.ServerInterceptor):
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    """Accepts calls whose `authorization` metadata carries any of `tokens` (the services'
+    shared token, or the gateway's client API keys); `hint` tells a refused caller what to
+    send."""
+
+    def __init__(self, tokens: Sequence[str], hint: str = SERVICE_TOKEN_HINT) -> None:
+        self._tokens = tuple(tokens)
+        self._hint = hint
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = continuation(details)
         if handler is None or details.method.startswith(OPEN_METHOD_PREFIXES):
             return handler
-        sent = dict(details.invocation_metadata or ()).get("authorization")
-        if sent is not None and hmac.compare_digest(str(sent).encode(), self._expected):
+        reason = bearer_refusal(dict(details.invocation_metadata or ()).get("authorization"),
+                                self._tokens)
+        if reason is None:
             return handler
-        reason = ("missing 'authorization: Bearer <token>' metadata" if sent is None
-                  else "wrong bearer token")
-        message = f"{reason}; pass the service's --auth-token (PAGEDSERVE_AUTH_TOKEN)"
+        message = f"{reason}; {self._hint}"
 
         def wrap(_: Behaviour, __: bool) -> Behaviour:
             def refuse(request: Any, context: grpc.ServicerContext) -> Any:

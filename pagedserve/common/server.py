@@ -41,12 +41,16 @@ class ServerOptions:
 
 class GrpcService:
     def __init__(self, options: ServerOptions, service_names: Sequence[str],
-                 add_servicers: Callable[[grpc.Server], None]) -> None:
+                 add_servicers: Callable[[grpc.Server], None],
+                 auth: BearerTokenInterceptor | None = None) -> None:
+        """`auth` checks callers; by default the services' shared token when one is set."""
         self.options = options
         self.service_names = list(service_names)
         interceptors: list[grpc.ServerInterceptor] = [ErrorInterceptor()]
-        if options.auth_token:
-            interceptors.append(BearerTokenInterceptor(options.auth_token))
+        if auth is None and options.auth_token:
+            auth = BearerTokenInterceptor([options.auth_token])
+        if auth is not None:
+            interceptors.append(auth)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=options.max_workers),
             interceptors=interceptors,

@@ -1,0 +1,60 @@
+"""Runs the HTTP API (an ASGI app) with uvicorn on a thread of the gateway process, beside the
+gRPC server: both share one Generator, so admission limits and routing see every request.
+
+The socket is bound here, before uvicorn starts, so a port in use fails the gateway at start
+with a clear message, and `--http-port 0` reports the port it got.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import uvicorn
+
+log = logging.getLogger(__name__)
+
+
+class HttpServer:
+    def __init__(self, app, host: str, port: int, tls_cert: str = "", tls_key: str = "",
+                 grace_s: float = 5.0) -> None:
+        self._socket = _bind(host, port)
+        self.host, self.port = host, self._socket.getsockname()[1]
+        self.scheme = "https" if tls_cert else "http"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                ssl_certfile=tls_cert or None, ssl_keyfile=tls_key or None,
+                                timeout_graceful_shutdown=grace_s)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops accepting, lets responses in flight finish within the grace period."""
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def _serve(self) -> None:
+        try:
+            self._server.run(sockets=[self._socket])
+        except Exception:  # noqa: BLE001 - logged; the gRPC side keeps serving
+            log.exception("the HTTP server stopped")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise SystemExit(f"cannot listen for HTTP on {host}:{port}: {error.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
