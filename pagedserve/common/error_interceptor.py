@@ -3,6 +3,10 @@
 A caller's mistake becomes its status code with the exception's message; anything else is a bug
 and becomes INTERNAL with a request id to find the traceback in the log, never UNKNOWN with a
 traceback in the client's face. It also sets the request id that every log line carries.
+
+A request that does not parse as its method's message (bytes that are not the message, a string
+field that is not UTF-8) is the caller's mistake too: INVALID_ARGUMENT, where grpc alone would
+answer INTERNAL "Exception deserializing request!".
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             def guarded(request: Any, context: grpc.ServicerContext) -> Any:
                 token = request_id.set(call_id)
                 try:
+                    _refuse_undecodable(request, details.method)
                     return behaviour(request, context)
                 except Exception as error:  # noqa: BLE001 - this is the one place that maps them
                     _abort(context, error, details.method, call_id)
@@ -60,6 +65,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             def guarded_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 token = request_id.set(call_id)
                 try:
+                    _refuse_undecodable(request, details.method)
                     yield from behaviour(request, context)
                 except Exception as error:  # noqa: BLE001
                     _abort(context, error, details.method, call_id)
@@ -68,7 +74,29 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
             return guarded_stream if streams_response else guarded
 
-        return wrap_handler(handler, wrap)
+        return wrap_handler(handler, wrap, _lenient)
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse, so the call can refuse it properly."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize_or_mark(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as error:  # noqa: BLE001 - protobuf raises DecodeError and others
+            return _Undecodable(error)
+    return deserialize_or_mark
+
+
+def _refuse_undecodable(request: Any, method: str) -> None:
+    if isinstance(request, _Undecodable):
+        raise errors.InvalidArgument(
+            f"the request to {method} does not parse as its message: {request.error}")
 
 
 _PROCESS_TAG = uuid.uuid4().hex[:6]

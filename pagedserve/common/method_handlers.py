@@ -21,12 +21,19 @@ _KINDS = (
 
 
 def wrap_handler(handler: grpc.RpcMethodHandler,
-                 wrap: Callable[[Behaviour, bool], Behaviour]) -> grpc.RpcMethodHandler:
-    """`wrap(behaviour, streams_response)` returns the new behaviour."""
+                 wrap: Callable[[Behaviour, bool], Behaviour],
+                 wrap_deserializer: Callable[[Any], Any] | None = None
+                 ) -> grpc.RpcMethodHandler:
+    """`wrap(behaviour, streams_response)` returns the new behaviour; `wrap_deserializer`, if
+    given, the new request deserializer of a method that takes one request (not a stream)."""
+    deserializer = handler.request_deserializer
+    if wrap_deserializer is not None and deserializer is not None \
+            and not handler.request_streaming:
+        deserializer = wrap_deserializer(deserializer)
     for attribute, build in _KINDS:
         behaviour = getattr(handler, attribute)
         if behaviour is not None:
             return build(wrap(behaviour, handler.response_streaming),
-                         request_deserializer=handler.request_deserializer,
+                         request_deserializer=deserializer,
                          response_serializer=handler.response_serializer)
     return handler
