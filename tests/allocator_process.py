@@ -51,7 +51,9 @@ class ServiceProcess:
     READY_PREFIX = READY_PREFIX
 
     def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
-                 env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
+                 env: dict[str, str] | None = None, stderr_lines: int = 500,
+                 wait_serving: bool = True) -> None:
+        """`wait_serving=False` returns once the service listens, SERVING or not."""
         self.args = [sys.executable, "-m", self.MODULE, "--host", "127.0.0.1",
                      "--port", "0", *extra_args]
         self._stderr: collections.deque[str] = collections.deque(maxlen=stderr_lines)
@@ -73,7 +75,8 @@ class ServiceProcess:
         try:
             self.target = self._read_target(startup_timeout_s)
             self.port = int(self.target.rsplit(":", 1)[1])
-            self._wait_serving(startup_timeout_s)
+            if wait_serving:
+                self._wait_serving(startup_timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -190,11 +193,12 @@ class GatewayProcess(ServiceProcess):
     HTTP_PREFIX = "gateway HTTP API on "
 
     def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
-                 env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
+                 env: dict[str, str] | None = None, stderr_lines: int = 500,
+                 wait_serving: bool = True) -> None:
         if "--http-port" not in extra_args:
             extra_args = (*extra_args, "--http-port", "0")
         super().__init__(*extra_args, startup_timeout_s=startup_timeout_s, env=env,
-                         stderr_lines=stderr_lines)
+                         stderr_lines=stderr_lines, wait_serving=wait_serving)
         try:
             self.http_url = self._read_line(self.HTTP_PREFIX, startup_timeout_s)
         except BaseException:
