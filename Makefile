@@ -14,7 +14,7 @@ PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
 PORT        ?= 50052
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test protos check-protos redis-server clean bench bench-kernels
+.PHONY: run test protos check-protos redis-server clean bench bench-kernels docs
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,15 +32,21 @@ protos: $(PROTOC_PY)
 check-protos: $(PROTOC_PY)
 	$(PROTOC_PY) scripts/gen_protos.py --check
 
+# Rewrites docs/configuration.md from the argument parsers (a test fails when it is stale).
+docs: $(INSTALLED) $(PROTOC_PY)
+	$(BIN)/python scripts/gen_config_reference.py
+	$(PROTOC_PY) scripts/gen_api_reference.py
+
 redis-server:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
 
 test: $(INSTALLED) $(PROTOC_PY) redis-server
 	PROTOC_PYTHON=$(CURDIR)/$(PROTOC_PY) $(BIN)/python -m pytest -q -p no:cacheprovider
 
-# Starts the stack on loopback (today: the allocator), shows `pagedctl stats`, serves until Ctrl-C.
+# Starts the whole stack on loopback (allocator, executor, gateway on the embedded default),
+# streams a demo generation through the gateway, shows `pagedctl stats`, serves until Ctrl-C.
 run: $(INSTALLED)
-	$(BIN)/pagedserve up --allocator-port $(PORT)
+	$(BIN)/pagedserve up --allocator-port $(PORT) --demo "The paged KV cache"
 
 # Each benchmark rewrites its own section of docs/benchmarks.md and its plot under docs/img/.
 bench: $(INSTALLED) redis-server

@@ -38,27 +38,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="pagedserve allocator: owns every executor's KV-cache blocks")
     add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT)
     parser.add_argument("--lease-ttl", type=float, default=env_or(f"{ENV_PREFIX}_LEASE_TTL", 10.0),
-                        help="seconds without a heartbeat or step before a pool is reclaimed")
+                        help="seconds without a heartbeat or step before a pool is reclaimed "
+                             f"(env {ENV_PREFIX}_LEASE_TTL)")
     parser.add_argument("--step-log-size", type=int,
                         default=env_or(f"{ENV_PREFIX}_STEP_LOG_SIZE", 64),
-                        help="recent step results kept per executor to answer retries")
+                        help="recent step results kept per executor to answer retries "
+                             f"(env {ENV_PREFIX}_STEP_LOG_SIZE)")
     durable = parser.add_argument_group("durability (Redis)")
     durable.add_argument("--state-url", default=env_or(f"{ENV_PREFIX}_STATE_URL", ""),
                          help="redis://[:PASSWORD@]HOST:PORT/DB (or rediss:// for TLS): journal "
                               "every change there before replying and recover from it on start; "
-                              "empty keeps state in memory")
+                              f"empty keeps state in memory (env {ENV_PREFIX}_STATE_URL)")
     durable.add_argument("--state-namespace",
                          default=env_or(f"{ENV_PREFIX}_STATE_NAMESPACE", "pagedserve:allocator"),
-                         help="prefix of every Redis key this allocator writes")
+                         help="prefix of every Redis key this allocator writes "
+                              f"(env {ENV_PREFIX}_STATE_NAMESPACE)")
     durable.add_argument("--snapshot-every", type=int,
                          default=env_or(f"{ENV_PREFIX}_SNAPSHOT_EVERY", 2_000),
-                         help="journal entries between snapshots (bounds replay on restart)")
+                         help="journal entries between snapshots (bounds replay on restart) "
+                              f"(env {ENV_PREFIX}_SNAPSHOT_EVERY)")
     durable.add_argument("--events-max", type=int,
                          default=env_or(f"{ENV_PREFIX}_EVENTS_MAX", 100_000),
-                         help="KV events kept (the stream is capped at about this many)")
+                         help="KV events kept (the stream is capped at about this many) "
+                              f"(env {ENV_PREFIX}_EVENTS_MAX)")
     durable.add_argument("--state-timeout", type=float,
                          default=env_or(f"{ENV_PREFIX}_STATE_TIMEOUT", 2.0),
-                         help="seconds a Redis call may take before it counts as an outage")
+                         help="seconds a Redis call may take before it counts as an outage "
+                              f"(env {ENV_PREFIX}_STATE_TIMEOUT)")
     return parser
 
 

@@ -7,7 +7,8 @@ import threading
 from collections.abc import Sequence
 
 from executor_service.allocator_client import RemoteBlockAllocator
-from executor_service.config import ExecutorConfig, default_executor_id, parse_config
+from executor_service.config import (
+    ExecutorConfig, default_advertise_address, default_executor_id, parse_config)
 from executor_service.engine.build import build_engine
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 from executor_service.model.model_config import ModelConfig
@@ -25,7 +26,7 @@ SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name["Executor"].full_name]
 def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServicer,
                       service: GrpcService) -> ServingLoop:
     executor_id = config.executor_id or default_executor_id(port)
-    address = config.advertise_address or f"{config.server.host}:{port}"
+    address = config.advertise_address or default_advertise_address(config.server.host, port)
     directory = config.model or embedded_model_dir()
     model_config = ModelConfig.from_dir(directory, max_model_len=config.engine.max_model_len)
     tokenizer = load_tokenizer_files(directory, model_config.vocab_size)
@@ -36,7 +37,8 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
     model = engine.model.config
     info = pb.ExecutorInfo(
         executor_id=executor_id,
-        model_name=EMBEDDED_MODEL_NAME if config.model is None else directory.name,
+        model_name=config.served_model_name or (
+            EMBEDDED_MODEL_NAME if config.model is None else directory.name),
         model_fingerprint=engine.model_fingerprint, vocab_size=model.vocab_size,
         max_model_len=engine.max_model_len, eos_token_ids=sorted(engine.eos_token_ids),
         block_size=config.engine.block_size, num_blocks=engine.num_blocks,

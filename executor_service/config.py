@@ -25,6 +25,8 @@ class ExecutorConfig:
     executor_id: str
     advertise_address: str
     model: Path | None            # None: the embedded default
+    # What clients call the model; empty: the checkpoint directory's name.
+    served_model_name: str
     engine: EngineOptions
     log_level: str
 
@@ -44,45 +46,63 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT)
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
-                        help="the allocator's HOST:PORT")
+                        help=f"the allocator's HOST:PORT (env {ENV_PREFIX}_ALLOCATOR)")
     parser.add_argument("--allocator-token", default=env_or("PAGEDSERVE_AUTH_TOKEN", ""),
                         help="bearer token for the allocator (env PAGEDSERVE_AUTH_TOKEN)")
     parser.add_argument("--executor-id", default=env("ID", ""),
-                        help="id to register under (default: HOSTNAME-PORT)")
+                        help="id to register under (default: HOSTNAME-PORT) "
+                             f"(env {ENV_PREFIX}_ID)")
     parser.add_argument("--advertise-address", default=env("ADVERTISE_ADDRESS", ""),
                         help="HOST:PORT the gateway reaches this executor at "
-                             "(default: --host:bound port)")
+                             "(default: --host:bound port) "
+                             f"(env {ENV_PREFIX}_ADVERTISE_ADDRESS)")
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=env("MODEL", ""),
-                       help="Hugging Face checkpoint directory; omitted: the embedded default")
-    model.add_argument("--device", default=env("DEVICE", "cpu"), help="cpu, cuda or cuda:N")
+                       help="Hugging Face checkpoint directory; omitted: the embedded default "
+                            f"(env {ENV_PREFIX}_MODEL)")
+    model.add_argument("--served-model-name", default=env("SERVED_MODEL_NAME", ""),
+                       help="the name clients ask for (default: the checkpoint directory's "
+                            f"name) (env {ENV_PREFIX}_SERVED_MODEL_NAME)")
+    model.add_argument("--device", default=env("DEVICE", "cpu"),
+                       help=f"cpu, cuda or cuda:N (env {ENV_PREFIX}_DEVICE)")
     model.add_argument("--dtype", default=env("DTYPE", "auto"),
-                       choices=["auto", "float32", "bfloat16", "float16"])
+                       choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights' dtype; auto: the checkpoint's on a GPU, float32 on the CPU "
+                            f"(env {ENV_PREFIX}_DTYPE)")
     model.add_argument("--max-model-len", type=int, default=env("MAX_MODEL_LEN", 0),
-                       help="longest context served (default: the model's)")
+                       help="longest context served (default: the model's) "
+                            f"(env {ENV_PREFIX}_MAX_MODEL_LEN)")
     cache = parser.add_argument_group("KV cache and batching")
     cache.add_argument("--block-size", type=int, default=env("BLOCK_SIZE", 16),
-                       choices=[16, 32, 64, 128, 256])
+                       choices=[16, 32, 64, 128, 256],
+                       help=f"tokens per KV-cache block (env {ENV_PREFIX}_BLOCK_SIZE)")
     cache.add_argument("--num-blocks", type=int, default=env("NUM_BLOCKS", 0),
-                       help="KV-cache blocks (default: from --kv-cache-memory)")
+                       help="KV-cache blocks (default: from --kv-cache-memory) "
+                            f"(env {ENV_PREFIX}_NUM_BLOCKS)")
     cache.add_argument("--kv-cache-memory", type=parse_size,
                        default=env("KV_CACHE_MEMORY", None),
                        help="memory for the KV cache when --num-blocks is not given (default: "
-                            "256M on the CPU, from --gpu-memory-utilization on CUDA)")
+                            "256M on the CPU, from --gpu-memory-utilization on CUDA) "
+                            f"(env {ENV_PREFIX}_KV_CACHE_MEMORY)")
     cache.add_argument("--gpu-memory-utilization", type=float,
                        default=env("GPU_MEMORY_UTILIZATION", None),
                        help="share of the GPU's memory this executor may use, the KV cache "
                             "taking what the weights and the largest forward pass (measured "
                             "at start) leave; CUDA only (default 0.9 when neither --num-blocks "
-                            "nor --kv-cache-memory is given)")
-    cache.add_argument("--max-num-seqs", type=int, default=env("MAX_NUM_SEQS", 256))
+                            "nor --kv-cache-memory is given) "
+                            f"(env {ENV_PREFIX}_GPU_MEMORY_UTILIZATION)")
+    cache.add_argument("--max-num-seqs", type=int, default=env("MAX_NUM_SEQS", 256),
+                       help=f"sequences running at once at most (env {ENV_PREFIX}_MAX_NUM_SEQS)")
     cache.add_argument("--max-num-batched-tokens", type=int,
                        default=env("MAX_NUM_BATCHED_TOKENS", 2048),
-                       help="token budget of one iteration (prefill chunks + decodes)")
+                       help="token budget of one iteration (prefill chunks + decodes) "
+                            f"(env {ENV_PREFIX}_MAX_NUM_BATCHED_TOKENS)")
     cache.add_argument("--lookahead-slots", type=int, default=env("LOOKAHEAD_SLOTS", 4),
-                       help="slots reserved ahead of each decoding sequence")
+                       help="slots reserved ahead of each decoding sequence "
+                            f"(env {ENV_PREFIX}_LOOKAHEAD_SLOTS)")
     cache.add_argument("--seed", type=int, default=env("SEED", -1),
-                       help="seed of unseeded requests' sampling (default: from the OS)")
+                       help="seed of unseeded requests' sampling (default: from the OS) "
+                            f"(env {ENV_PREFIX}_SEED)")
     return parser
 
 
@@ -118,9 +138,25 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
     return ExecutorConfig(
         server=server, allocator=args.allocator, allocator_token=args.allocator_token,
         executor_id=args.executor_id, advertise_address=args.advertise_address,
-        model=Path(args.model) if args.model else None, engine=engine,
+        model=Path(args.model) if args.model else None,
+        served_model_name=args.served_model_name, engine=engine,
         log_level=args.log_level)
 
 
 def default_executor_id(port: int) -> str:
     return f"{socket.gethostname()}-{port}"
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def default_advertise_address(host: str, port: int) -> str:
+    """Where the gateway reaches this executor when --advertise-address is not given: the
+    listening host, or, when that is every interface (a container), this machine's own address
+    as its hostname resolves (in a compose network, the container's IP)."""
+    if host not in WILDCARD_HOSTS:
+        return f"{host}:{port}"
+    try:
+        return f"{socket.gethostbyname(socket.gethostname())}:{port}"
+    except OSError:
+        return f"127.0.0.1:{port}"

@@ -38,21 +38,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT)
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
-                        help="the allocator's HOST:PORT; executors are discovered through it")
+                        help="the allocator's HOST:PORT; executors are discovered through it "
+                             f"(env {ENV_PREFIX}_ALLOCATOR)")
     parser.add_argument("--tls-ca", default=env("TLS_CA", ""),
-                        help="PEM CA bundle to verify the allocator's and executors' TLS")
+                        help="PEM CA bundle to verify the allocator's and executors' TLS "
+                             f"(env {ENV_PREFIX}_TLS_CA)")
     parser.add_argument("--max-running", type=int, default=env("MAX_RUNNING", 256),
-                        help="requests generating at once; more wait in the queue")
+                        help="requests generating at once; more wait in the queue "
+                             f"(env {ENV_PREFIX}_MAX_RUNNING)")
     parser.add_argument("--max-queued", type=int, default=env("MAX_QUEUED", 256),
-                        help="requests waiting at most; beyond, RESOURCE_EXHAUSTED at once")
+                        help="requests waiting at most; beyond, RESOURCE_EXHAUSTED at once "
+                             f"(env {ENV_PREFIX}_MAX_QUEUED)")
     parser.add_argument("--http-port", type=int, default=env("HTTP_PORT", DEFAULT_HTTP_PORT),
-                        help="port of the OpenAI-compatible HTTP API, 0 picks a free one")
+                        help="port of the OpenAI-compatible HTTP API, 0 picks a free one "
+                             f"(env {ENV_PREFIX}_HTTP_PORT)")
     parser.add_argument("--api-key", action="append", dest="api_keys", default=None,
                         help="a key clients must present as 'Authorization: Bearer KEY' on gRPC "
                              "and HTTP; repeat for several (env PAGEDSERVE_GATEWAY_API_KEYS, "
                              "comma-separated)")
     parser.add_argument("--refresh-s", type=float, default=env("REFRESH_S", 1.0),
-                        help="seconds between looks at the allocator's executor list")
+                        help="seconds between looks at the allocator's executor list "
+                             f"(env {ENV_PREFIX}_REFRESH_S)")
     return parser
 
 

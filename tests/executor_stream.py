@@ -68,14 +68,17 @@ class Stream:
         self.call.cancel()
 
 
-def used_blocks(allocator: AllocatorProcess) -> int:
-    stats = apb_grpc.AllocatorAdminStub(allocator.channel()).GetStats(apb.GetStatsRequest())
+def used_blocks(allocator: AllocatorProcess, token: str = "") -> int:
+    stats = apb_grpc.AllocatorAdminStub(allocator.channel(token)).GetStats(
+        apb.GetStatsRequest())
     return stats.total.num_used_blocks
 
 
-def pagedctl_audit(allocator: AllocatorProcess) -> subprocess.CompletedProcess[str]:
+def pagedctl_audit(allocator: AllocatorProcess, token: str = ""
+                   ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pagedserve.cli.pagedctl", "--target",
-                           allocator.target, "audit"], capture_output=True, text=True,
+                           allocator.target, "--token", token, "audit"], capture_output=True,
+                          text=True,
                           timeout=60, env=hermetic_env())
 
 

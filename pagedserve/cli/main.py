@@ -10,6 +10,7 @@ commands:
   up         start the services on loopback and serve until Ctrl-C (pagedserve up --help)
   allocator  run the allocator alone (same flags as python -m allocator_service)
   generate   send one prompt to a running gateway, print the text (pagedserve generate --help)
+  health     exit 0 when the service at HOST:PORT is SERVING (for container health checks)
 """
 
 
@@ -23,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from allocator_service.__main__ import main as allocator_main
         allocator_main(rest)
         return 0
+    if command == "health":
+        from pagedserve.cli.health import main as health_main
+        return health_main(rest)
     if command == "generate":
         from pagedserve.cli.generate import main as generate_main
         return generate_main(rest)

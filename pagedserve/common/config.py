@@ -26,13 +26,15 @@ def add_server_flags(parser: argparse.ArgumentParser, prefix: str, default_port:
                         help="bearer token every non-health call must carry "
                              "(env PAGEDSERVE_AUTH_TOKEN)")
     parser.add_argument("--tls-cert", default=env_or(f"{prefix}_TLS_CERT", ""),
-                        help="PEM certificate chain; serves TLS together with --tls-key")
+                        help="PEM certificate chain; serves TLS together with --tls-key "
+                             f"(env {prefix}_TLS_CERT)")
     parser.add_argument("--tls-key", default=env_or(f"{prefix}_TLS_KEY", ""),
-                        help="PEM private key for --tls-cert")
+                        help=f"PEM private key for --tls-cert (env {prefix}_TLS_KEY)")
     parser.add_argument("--max-workers", type=int, default=env_or(f"{prefix}_MAX_WORKERS", 16),
-                        help="threads serving RPCs")
+                        help=f"threads serving RPCs (env {prefix}_MAX_WORKERS)")
     parser.add_argument("--log-level", default=env_or(f"{prefix}_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help=f"log verbosity (env {prefix}_LOG_LEVEL)")
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
