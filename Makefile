@@ -32,7 +32,8 @@ protos: $(PROTOC_PY)
 check-protos: $(PROTOC_PY)
 	$(PROTOC_PY) scripts/gen_protos.py --check
 
-# Rewrites docs/configuration.md from the argument parsers (a test fails when it is stale).
+# Rewrites the generated references: docs/configuration.md from the argument parsers and
+# docs/api-grpc.md from the protos (tests fail when either is stale).
 docs: $(INSTALLED) $(PROTOC_PY)
 	$(BIN)/python scripts/gen_config_reference.py
 	$(PROTOC_PY) scripts/gen_api_reference.py

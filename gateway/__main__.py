@@ -58,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         directory.stop()
         allocator.close()
 
-    service.run_until_signal(on_shutdown=shut_down)
+    # Both servers drain at once: gRPC streams and HTTP responses get the same grace period.
+    service.run_until_signal(on_shutdown=shut_down, on_stop_requested=http.begin_stop)
     return 0
 
 

@@ -34,9 +34,12 @@ class HttpServer:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stops accepting, lets responses in flight finish within the grace period."""
+    def begin_stop(self) -> None:
+        """Stops accepting; responses in flight get the grace period to finish."""
         self._server.should_exit = True
+
+    def stop(self) -> None:
+        self.begin_stop()
         self._thread.join(timeout=30)
 
     def _serve(self) -> None:

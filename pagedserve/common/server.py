@@ -117,11 +117,14 @@ class GrpcService:
         self.set_serving(False)
         self.server.stop(self.options.grace_s).wait()
 
-    def run_until_signal(self, on_shutdown: Callable[[], None] = lambda: None) -> None:
+    def run_until_signal(self, on_shutdown: Callable[[], None] = lambda: None,
+                         on_stop_requested: Callable[[], None] = lambda: None) -> None:
         """Blocks until SIGTERM or SIGINT (handlers installed by start()), then shuts down in
-        order."""
+        order: `on_stop_requested` (e.g. another server starts draining alongside), the gRPC
+        server's graceful stop, then `on_shutdown`."""
         while not self._stop_requested.wait(0.5):
             pass
+        on_stop_requested()
         self.stop()
         on_shutdown()
         log.info("stopped")
