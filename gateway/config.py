@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gateway",
         description="pagedserve gateway: text in, text out; routes to executors by KV overlap")
-    add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT)
+    add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT,
+                     token_help="the services' shared token, presented to the allocator and "
+                                "the executors (clients use --api-key)")
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
                         help="the allocator's HOST:PORT; executors are discovered through it "

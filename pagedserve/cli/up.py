@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(0: free ports)")
     parser.add_argument("--devices", default="",
                         help="comma-separated devices handed out to the executors in turn, "
-                             "e.g. cuda:0,cuda:1 (default: each executor picks)")
+                             "e.g. cuda:0,cuda:1 (default: the executor's --device, cpu)")
     parser.add_argument("--executor-args", default="",
                         help="more executor flags, as one string, e.g. '--num-blocks 512'")
     parser.add_argument("--auth-token", default="",

@@ -16,15 +16,19 @@ def env_or(name: str, default: Any) -> Any:
     return type(default)(raw) if default is not None else raw
 
 
-def add_server_flags(parser: argparse.ArgumentParser, prefix: str, default_port: int) -> None:
-    """Flags every service shares: where to listen, auth, TLS, workers, logging."""
+TOKEN_HELP = "bearer token every non-health call must carry"
+
+
+def add_server_flags(parser: argparse.ArgumentParser, prefix: str, default_port: int,
+                     token_help: str = TOKEN_HELP) -> None:
+    """Flags every service shares: where to listen, auth, TLS, workers, logging. `token_help`
+    says what the shared token means to this service."""
     parser.add_argument("--host", default=env_or(f"{prefix}_HOST", "127.0.0.1"),
                         help=f"interface to listen on (env {prefix}_HOST)")
     parser.add_argument("--port", type=int, default=env_or(f"{prefix}_PORT", default_port),
                         help=f"port to listen on, 0 picks a free one (env {prefix}_PORT)")
     parser.add_argument("--auth-token", default=env_or("PAGEDSERVE_AUTH_TOKEN", ""),
-                        help="bearer token every non-health call must carry "
-                             "(env PAGEDSERVE_AUTH_TOKEN)")
+                        help=f"{token_help} (env PAGEDSERVE_AUTH_TOKEN)")
     parser.add_argument("--tls-cert", default=env_or(f"{prefix}_TLS_CERT", ""),
                         help="PEM certificate chain; serves TLS together with --tls-key "
                              f"(env {prefix}_TLS_CERT)")
