@@ -126,10 +126,7 @@ class OpenAIHttpApi:
     async def _collect(self, first: GenerationEvent | None, pump: EventPump,
                        responder: OpenAIResponder, headers: dict[str, str]) -> Response:
         try:
-            async for event in _prepend(first, pump):
-                failure = error_of(event)
-                if failure is not None:
-                    raise Unavailable(f"the executor serving the request failed: {failure}")
+            async for event in _checked(first, pump):
                 responder.add(event)
         except Exception as error:  # noqa: BLE001
             return _error_response(error)
@@ -138,10 +135,7 @@ class OpenAIHttpApi:
     async def _sse(self, first: GenerationEvent | None, pump: EventPump,
                    responder: OpenAIResponder, watcher: asyncio.Task) -> AsyncIterator[str]:
         try:
-            async for event in _prepend(first, pump):
-                failure = error_of(event)
-                if failure is not None:
-                    raise Unavailable(f"the executor serving the request failed: {failure}")
+            async for event in _checked(first, pump):
                 for chunk in responder.chunks(event):
                     yield _sse_data(chunk)
         except Exception as error:  # noqa: BLE001 - headers are gone: report in the stream
@@ -212,12 +206,21 @@ async def _cancel_on_disconnect(request: Request, pump: EventPump) -> None:
     pump.cancel()
 
 
-async def _prepend(first: GenerationEvent | None, rest: EventPump
+async def _checked(first: GenerationEvent | None, rest: EventPump
                    ) -> AsyncIterator[GenerationEvent]:
-    if first is not None:
-        yield first
-        async for event in rest:
-            yield event
+    """`first`, then the rest; a choice that failed (its executor died) raises instead."""
+    if first is None:
+        return
+    yield _without_failure(first)
+    async for event in rest:
+        yield _without_failure(event)
+
+
+def _without_failure(event: GenerationEvent) -> GenerationEvent:
+    failure = error_of(event)
+    if failure is not None:
+        raise Unavailable(f"the executor serving the request failed: {failure}")
+    return event
 
 
 def _param(error: Exception) -> str | None:
