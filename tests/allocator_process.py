@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -213,3 +215,19 @@ class GatewayProcess(ServiceProcess):
                 raise self._start_error(f"exited before printing {prefix!r}", exited=True)
             if line.startswith(prefix):
                 return line[len(prefix):].strip()
+
+
+@contextmanager
+def gateway_stack(cache: Path | None = None, *executor_args: str, num_blocks: int = 256,
+                  gateway_args: tuple[str, ...] = ()
+                  ) -> Iterator[tuple[AllocatorProcess, GatewayProcess]]:
+    """The smallest whole stack: an allocator, one executor (the embedded default, cached under
+    `cache`, unless `executor_args` name a --model) and a gateway that looks for executors every
+    0.2 s. Stopped in reverse order on exit."""
+    env = {"PAGEDSERVE_CACHE_DIR": str(cache)} if cache else None
+    with AllocatorProcess() as allocator, \
+            ExecutorProcess("--allocator", allocator.target, "--num-blocks", str(num_blocks),
+                            *executor_args, env=env), \
+            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2",
+                           *gateway_args) as gateway:
+        yield allocator, gateway

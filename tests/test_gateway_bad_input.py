@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from allocator_process import gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 from grpc import RpcError, StatusCode
 
@@ -17,12 +17,8 @@ AUTH = [("authorization", f"Bearer {KEY}")]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    with AllocatorProcess() as allocator, \
-            ExecutorProcess("--allocator", allocator.target, "--num-blocks", "128",
-                            env={"PAGEDSERVE_CACHE_DIR": str(cache)}), \
-            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2",
-                           "--api-key", KEY) as gateway:
+    with gateway_stack(tmp_path_factory.mktemp("cache"), num_blocks=128,
+                       gateway_args=("--api-key", KEY)) as (allocator, gateway):
         stub = pb_grpc.GatewayStub(gateway.channel())
         (model,) = stub.ListModels(pb.ListModelsRequest(), metadata=AUTH).models
         yield allocator, gateway, stub, model.max_model_len

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from allocator_process import REPO_ROOT, AllocatorProcess, ExecutorProcess, GatewayProcess
+from allocator_process import REPO_ROOT, GatewayProcess, gateway_stack
 from allocator_process import hermetic_env
 
 from pagedserve.gateway_client import Completion, GatewayClient, ModelInfo
@@ -19,11 +19,7 @@ MODEL = "pagedserve-embedded-llama"
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory) -> Iterator[GatewayProcess]:
-    cache = tmp_path_factory.mktemp("cache")
-    with AllocatorProcess() as allocator, \
-            ExecutorProcess("--allocator", allocator.target, "--num-blocks", "256",
-                            env={"PAGEDSERVE_CACHE_DIR": str(cache)}), \
-            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2") as gateway:
+    with gateway_stack(tmp_path_factory.mktemp("cache")) as (_, gateway):
         yield gateway
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from allocator_process import gateway_stack
 from executor_stream import used_blocks, wait_for
 from model_checkpoints import write_checkpoint
 from sample_tokenizers import bytelevel_bpe
@@ -18,18 +18,14 @@ from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 
 
-def start_stack(*executor_args: str, cache=None) -> Iterator[tuple]:
-    env = {"PAGEDSERVE_CACHE_DIR": str(cache)} if cache else None
-    with AllocatorProcess() as allocator, \
-            ExecutorProcess("--allocator", allocator.target, "--num-blocks", "256",
-                            *executor_args, env=env), \
-            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2") as gateway:
+def start_stack(cache=None, *executor_args: str) -> Iterator[tuple]:
+    with gateway_stack(cache, *executor_args) as (allocator, gateway):
         yield allocator, pb_grpc.GatewayStub(gateway.channel())
 
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
-    yield from start_stack(cache=tmp_path_factory.mktemp("cache"))
+    yield from start_stack(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +40,7 @@ def cjk(tmp_path_factory, cjk_tokenizer):
     directory = tmp_path_factory.mktemp("cjk-model")
     write_checkpoint("llama", directory, seed=3, vocab_size=cjk_tokenizer.get_vocab_size())
     cjk_tokenizer.save(str(directory / "tokenizer.json"))
-    yield from start_stack("--model", str(directory))
+    yield from start_stack(None, "--model", str(directory))
 
 
 def sampling(max_tokens: int, **options) -> pb.SamplingOptions:

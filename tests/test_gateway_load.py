@@ -8,7 +8,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from allocator_process import REPO_ROOT, AllocatorProcess, ExecutorProcess, GatewayProcess
+from allocator_process import REPO_ROOT, gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
@@ -24,12 +24,9 @@ SAMPLING = pb.SamplingOptions(temperature=0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    with AllocatorProcess() as allocator, \
-            ExecutorProcess("--allocator", allocator.target, "--num-blocks", "1024",
-                            "--max-num-seqs", "256", env={"PAGEDSERVE_CACHE_DIR": str(cache)}), \
-            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2") as gateway:
-        yield allocator, gateway
+    with gateway_stack(tmp_path_factory.mktemp("cache"), "--max-num-seqs", "256",
+                       num_blocks=1024) as stack:
+        yield stack
 
 
 def served(stub, prompt: str) -> tuple[str, list[int]]:

@@ -6,7 +6,7 @@ import grpc
 import httpx
 import openai
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from allocator_process import GatewayProcess, gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
@@ -19,13 +19,9 @@ GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    with AllocatorProcess() as allocator, \
-            ExecutorProcess("--allocator", allocator.target, "--num-blocks", "256",
-                            env={"PAGEDSERVE_CACHE_DIR": str(cache)}), \
-            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2",
-                           "--api-key", "other-key", "--api-key", KEY) as gateway:
-        yield allocator, gateway
+    with gateway_stack(tmp_path_factory.mktemp("cache"), gateway_args=(
+            "--api-key", "other-key", "--api-key", KEY)) as stack:
+        yield stack
 
 
 @pytest.fixture

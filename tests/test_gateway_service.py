@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from allocator_process import AllocatorProcess, GatewayProcess, gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 
 from executor_service.engine.build import EngineOptions, build_engine
@@ -23,10 +23,7 @@ MODEL = "pagedserve-embedded-llama"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[tuple[AllocatorProcess, GatewayProcess, Path]]:
     cache = tmp_path_factory.mktemp("cache")
-    with AllocatorProcess() as allocator, \
-            ExecutorProcess("--allocator", allocator.target, "--num-blocks", "256",
-                            env={"PAGEDSERVE_CACHE_DIR": str(cache)}), \
-            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2") as gateway:
+    with gateway_stack(cache) as (allocator, gateway):
         yield allocator, gateway, cache
 
 
