@@ -14,7 +14,7 @@ PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
 PORT        ?= 50052
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test protos check-protos redis-server clean bench bench-kernels docs
+.PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,10 +54,19 @@ bench: $(INSTALLED) redis-server
 	$(BIN)/python bench/allocator_bench.py
 	$(BIN)/python bench/durability_bench.py
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/memory.py
+	$(BIN)/python bench/sharing.py
+	$(BIN)/python bench/serve.py
 
 # Needs a CUDA GPU (without one it says so and exits 2); rewrites `## Kernels` and its plot.
 bench-kernels: $(INSTALLED)
 	$(BIN)/python bench/kernels_bench.py
+
+# Every GPU-relevant benchmark (kernels, engine throughput, serving) into one folder, on a CUDA
+# machine: `make bench-gpu RESULTS=gpu-results`. Without a GPU it says so and exits 2.
+RESULTS ?= gpu-results
+bench-gpu: $(INSTALLED)
+	PYTHON=$(CURDIR)/$(BIN)/python bench/gpu_all.sh $(RESULTS)
 
 clean:
 	rm -rf $(VENV) $(PROTOC_VENV)

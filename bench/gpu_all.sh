@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Every GPU-relevant benchmark in one command, on a machine with a CUDA GPU:
+#
+#     bench/gpu_all.sh RESULTS_DIR            # the full runs (about half an hour on one H100/H200)
+#     bench/gpu_all.sh --quick RESULTS_DIR    # each script's smoke run on the GPU (a few minutes)
+#     bench/gpu_all.sh --print-commands DIR   # only print what would run (what the tests check)
+#
+# Runs, in this order, each writing into RESULTS_DIR and nowhere else:
+#   1. bench/kernels_bench.py   paged decode / prefill kernels against copy bandwidth and SDPA
+#   2. bench/throughput.py --gpu  our engine against transformers' generate and generate_batch
+#   3. bench/serve.py --gpu     the whole stack (allocator, executor, gateway) against the
+#                               in-process engine, gRPC and HTTP
+# RESULTS_DIR gets benchmarks.md (each script's section, as docs/benchmarks.md would), the PNG
+# plots, each script's raw JSON, a log per script, environment.txt (GPU, driver, packages) and
+# summary.txt (each script's exit status). A script that fails does not stop the others; the
+# exit status is that of the first failure. To publish, copy the sections into
+# docs/benchmarks.md and the plots into docs/img/.
+#
+# The Python is $PYTHON, else .venv/bin/python when `make` has set one up, else python3. It
+# needs the project importable (`pip install -e .`, or PYTHONPATH=. with its dependencies
+# installed). Without a CUDA GPU it says so and exits 2, writing nothing.
+set -uo pipefail
+
+NO_GPU_EXIT=2
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+quick=()
+print_only=0
+while [[ $# -gt 0 && "$1" == --* ]]; do
+    case "$1" in
+        --quick) quick=(--quick) ;;
+        --print-commands) print_only=1 ;;
+        *) echo "gpu_all.sh: unknown option $1" >&2; exit 64 ;;
+    esac
+    shift
+done
+if [[ $# -ne 1 ]]; then
+    echo "usage: bench/gpu_all.sh [--quick] [--print-commands] RESULTS_DIR" >&2
+    exit 64
+fi
+out="$(realpath -m "$1")"
+
+if [[ -n "${PYTHON:-}" ]]; then
+    python="$PYTHON"
+elif [[ -x "$ROOT/.venv/bin/python" ]]; then
+    python="$ROOT/.venv/bin/python"
+else
+    python=python3
+fi
+
+# name|script and its flags (the output flags are added below)
+benchmarks=(
+    "kernels|bench/kernels_bench.py"
+    "throughput|bench/throughput.py --gpu"
+    "serve|bench/serve.py --gpu"
+)
+
+command_for() {  # name, script with flags -> the whole command line
+    local name="$1" script="$2"
+    echo "$python $script${quick[*]:+ ${quick[*]}} --out-md $out/benchmarks.md" \
+         "--out-png $out/${name}_bench.png --results-dir $out"
+}
+
+if [[ $print_only -eq 1 ]]; then
+    for entry in "${benchmarks[@]}"; do
+        command_for "${entry%%|*}" "${entry#*|}"
+    done
+    exit 0
+fi
+
+if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_all.sh: no CUDA GPU is visible to $python. Nothing was written." >&2
+    exit $NO_GPU_EXIT
+fi
+
+mkdir -p "$out"
+cd "$ROOT"
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+    "$python" - <<'EOF'
+import platform
+import torch
+print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda)
+for name in ("triton", "transformers", "grpc", "google.protobuf"):
+    try:
+        module = __import__(name, fromlist=["__version__"])
+        print(name, getattr(module, "__version__", "?"))
+    except ImportError:
+        print(name, "missing")
+EOF
+} >"$out/environment.txt" 2>&1
+
+first_failure=0
+: >"$out/summary.txt"
+for entry in "${benchmarks[@]}"; do
+    name="${entry%%|*}"
+    command="$(command_for "$name" "${entry#*|}")"
+    echo "== $name: $command"
+    start=$SECONDS
+    # shellcheck disable=SC2086  # the command line is ours, split on purpose
+    PYTHONUNBUFFERED=1 $command 2>&1 | tee "$out/$name.log"
+    status=${PIPESTATUS[0]}
+    echo "$name: exit $status after $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+    if [[ $status -ne 0 && $first_failure -eq 0 ]]; then
+        first_failure=$status
+    fi
+done
+echo "results in $out"
+exit $first_failure
