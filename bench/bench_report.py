@@ -13,9 +13,10 @@ import platform
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE_HEADER = """# Benchmarks
@@ -132,6 +133,20 @@ def today() -> str:
 
 def _met(met: bool | None) -> str:
     return "—" if met is None else ("yes" if met else "NO")
+
+
+def publish(heading: str, results: object, report: Any, write_plot: Callable[[Any, Path], None],
+            results_dir: Path | None, out_png: Path | None, out_md: Path | None) -> None:
+    """Writes what was asked for and says where: the raw JSON (`report.write_json`), the plot,
+    and the page's `## heading` section (`report.section_body`)."""
+    if results_dir is not None:
+        print(f"raw results: {report.write_json(results, results_dir)}")
+    if out_png is not None:
+        write_plot(results, out_png)
+        print(f"plot: {out_png}")
+    if out_md is not None:
+        replace_section(out_md, heading, report.section_body(results, out_png, out_md))
+        print(f"results: {out_md} (## {heading})")
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:

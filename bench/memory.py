@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import memory_report as report
-from bench_report import add_output_flags, output_paths, replace_section, text_grid, text_table
+from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
 from memory_paged import replay_paged, stand_in_engine
 from memory_plot import write_plot
 from memory_reservation import (max_length_reservation, power_of_two_reservation,
@@ -87,14 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("\n".join(report.target_lines(results)))
     print(f"measured in {time.perf_counter() - started:.0f} s")
-    if args.results_dir is not None:
-        print(f"raw results: {report.write_json(results, args.results_dir)}")
-    if out_png is not None:
-        write_plot(results, out_png)
-        print(f"plot: {out_png}")
-    if out_md is not None:
-        replace_section(out_md, "Memory", report.section_body(results, out_png, out_md))
-        print(f"results: {out_md} (## Memory)")
+    publish("Memory", results, report, write_plot, args.results_dir, out_png, out_md)
     if not report.sane(results):
         print("a sanity check failed (see the table)", file=sys.stderr)
         return SANITY_FAILED_EXIT

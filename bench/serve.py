@@ -43,7 +43,7 @@ from pathlib import Path
 
 import serve_report as report
 import torch
-from bench_report import add_output_flags, output_paths, replace_section, text_grid, text_table
+from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
 from serve_engine_load import InProcessLoad
 from serve_gateway_load import GrpcLoad, HttpLoad
 from serve_metrics import Run
@@ -143,14 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text_table(report.result_rows(results)))
     print()
     print("\n".join(report.target_lines(results)))
-    if args.results_dir is not None:
-        print(f"raw results: {report.write_json(results, args.results_dir)}")
-    if out_png is not None:
-        write_plot(results, out_png)
-        print(f"plot: {out_png}")
-    if out_md is not None:
-        replace_section(out_md, "Serving", report.section_body(results, out_png, out_md))
-        print(f"results: {out_md} (## Serving)")
+    publish("Serving", results, report, write_plot, args.results_dir, out_png, out_md)
     failed = report.failed_checks(results)
     for row in failed:
         print(f"SANITY CHECK FAILED: {row.metric}: {row.measured} (expected {row.target})",

@@ -4,8 +4,8 @@ its gRPC health says SERVING, and stopped in reverse order (the gateway drains f
 allocator goes last) however the benchmark ends.
 
 The command lines and the supervision are `pagedserve up`'s (pagedserve/cli/up.py and its
-ChildService), with one difference: a child's output is kept (its tail is shown if it fails)
-rather than echoed, because the benchmark's stdout is its tables.
+ChildService), with one difference: a child's output is not echoed (its tail is still shown if
+it fails), because the benchmark's stdout is its tables.
 """
 from __future__ import annotations
 
@@ -16,25 +16,11 @@ from pathlib import Path
 from serve_workload import ServeSettings
 
 from pagedserve.cli import up
-from pagedserve.cli.child_service import HTTP_API, LISTENING, ChildService
+from pagedserve.cli.child_service import ChildService
 
 # Kept from the caller's environment: where the embedded model is cached. Any other
 # PAGEDSERVE_* variable (a port, an API key, a token) would change what is measured.
 KEPT_VARIABLES = ("PAGEDSERVE_CACHE_DIR",)
-
-
-class QuietService(ChildService):
-    """A ChildService that keeps its log to itself: the tail, for ServiceFailed's message."""
-
-    def _pump(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            line = line.rstrip()
-            self.log_tail.append(line)
-            if LISTENING in line and not self.address:
-                self.address = line.rsplit(" ", 1)[-1]
-            elif HTTP_API in line and not self.http_url:
-                self.http_url = line.rsplit(" ", 1)[-1]
 
 
 def executor_flags(settings: ServeSettings, model_dir: Path | None) -> list[str]:
@@ -56,8 +42,8 @@ class Stack:
             "--executor-args", shlex.join(executor_flags(settings, model_dir))])
         self._args = args
         self.allocator = quiet(up.allocator_service(args))
-        self.executor: QuietService | None = None
-        self.gateway: QuietService | None = None
+        self.executor: ChildService | None = None
+        self.gateway: ChildService | None = None
 
     def __enter__(self) -> Stack:
         try:
@@ -108,8 +94,9 @@ class Stack:
         return ", ".join(f"{name} pid {pid}" for name, pid in self.pids.items())
 
 
-def quiet(child: ChildService) -> QuietService:
-    return QuietService(child.name, child.argv, child.startup_timeout_s)
+def quiet(child: ChildService) -> ChildService:
+    child.echo = False
+    return child
 
 
 def hermetic_env() -> dict[str, str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import sharing_report as report
 import torch
-from bench_report import add_output_flags, output_paths, replace_section, text_grid, text_table
+from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
 from sharing_plot import write_plot
 from sharing_run import run_case
 from sharing_workload import FULL, QUICK, Settings, Submission, draw_cases
@@ -80,14 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text_grid(*report.case_grid(results)))
     print()
     print(text_table(report.result_rows(results)))
-    if args.results_dir is not None:
-        print(f"raw results: {report.write_json(results, args.results_dir)}")
-    if out_png is not None:
-        write_plot(results, out_png)
-        print(f"plot: {out_png}")
-    if out_md is not None:
-        replace_section(out_md, "Sharing", report.section_body(results, out_png, out_md))
-        print(f"results: {out_md} (## Sharing)")
+    publish("Sharing", results, report, write_plot, args.results_dir, out_png, out_md)
     if report.failed(results):
         print("a sanity check failed (see the rows marked NO)", file=sys.stderr)
         return SANITY_FAILED_EXIT

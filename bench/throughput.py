@@ -31,7 +31,7 @@ from pathlib import Path
 
 import throughput_report as report
 import torch
-from bench_report import add_output_flags, output_paths, replace_section, text_grid, text_table
+from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
 from throughput_contenders import (CONTINUOUS, OURS, STATIC, build_ours, cache_tokens,
                                    continuous_config, load_transformers, run_continuous, run_ours,
                                    run_static)
@@ -124,14 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(report.target_lines(results) + report.mismatch_lines(results)))
     if profile:
         print(f"\nour engine, one more run under cProfile:\n{profile}")
-    if args.results_dir is not None:
-        print(f"raw results: {report.write_json(results, args.results_dir)}")
-    if out_png is not None:
-        write_plot(results, out_png)
-        print(f"plot: {out_png}")
-    if out_md is not None:
-        replace_section(out_md, "Throughput", report.section_body(results, out_png, out_md))
-        print(f"results: {out_md} (## Throughput)")
+    publish("Throughput", results, report, write_plot, args.results_dir, out_png, out_md)
     return 0
 
 

@@ -33,6 +33,8 @@ class ChildService:
     # What the child printed: its gRPC HOST:PORT (and the gateway's HTTP URL).
     address: str = ""
     http_url: str = ""
+    # Whether its output is printed (prefixed with its name); the tail is kept either way.
+    echo: bool = True
 
     def start(self, env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE,
@@ -51,7 +53,8 @@ class ChildService:
                 self.address = line.rsplit(" ", 1)[-1]
             elif HTTP_API in line and not self.http_url:
                 self.http_url = line.rsplit(" ", 1)[-1]
-            print(f"[{self.name}] {line}", flush=True)
+            if self.echo:
+                print(f"[{self.name}] {line}", flush=True)
 
     @property
     def exited(self) -> bool:
