@@ -44,6 +44,7 @@ from pathlib import Path
 import serve_report as report
 import torch
 from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
+from device_refusal import refusal
 from serve_engine_load import InProcessLoad
 from serve_gateway_load import GrpcLoad, HttpLoad
 from serve_metrics import Run
@@ -55,7 +56,6 @@ from serve_workload import (CPU, GPU, QUICK, GiB, ServeSettings, arrival_times, 
 from throughput_workload import Workload, fixed, ordinary_token_ids, warmup_workload
 from tqdm import tqdm
 
-from kernels.triton_support import interpreting
 
 NO_GPU_EXIT = 2
 SANITY_FAILED_EXIT = 1
@@ -109,21 +109,10 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
     return dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def refusal(settings: ServeSettings) -> str | None:
-    """Why this machine cannot run the settings' device, or None."""
-    if not settings.device.startswith("cuda"):
-        return None
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
-    if interpreting():
-        return "TRITON_INTERPRET is set, so the engines' Triton kernels would be interpreted"
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
-    why = refusal(settings)
+    why = refusal(settings.device)
     if why is not None:
         print(f"serve.py was asked for {settings.device}, and {why}. Nothing was written.",
               file=sys.stderr)

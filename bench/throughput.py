@@ -32,6 +32,7 @@ from pathlib import Path
 import throughput_report as report
 import torch
 from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
+from device_refusal import refusal
 from throughput_contenders import (CONTINUOUS, OURS, STATIC, build_ours, cache_tokens,
                                    continuous_config, load_transformers, run_continuous, run_ours,
                                    run_static)
@@ -41,7 +42,6 @@ from throughput_workload import (CPU, GPU, QUICK, GiB, Settings, draw_workload, 
 from tqdm import tqdm
 
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
-from kernels.triton_support import interpreting
 
 NO_GPU_EXIT = 2
 
@@ -93,21 +93,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def refusal(settings: Settings) -> str | None:
-    """Why this machine cannot run the settings' device, or None."""
-    if not settings.device.startswith("cuda"):
-        return None
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
-    if interpreting():
-        return "TRITON_INTERPRET is set, so our engine's Triton kernels would be interpreted"
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
-    why = refusal(settings)
+    why = refusal(settings.device)
     if why is not None:
         print(f"throughput.py was asked for {settings.device}, and {why}. Nothing was written.",
               file=sys.stderr)

@@ -1,0 +1,18 @@
+"""Why a benchmark asked for a CUDA device cannot honestly run here: shared by the engine
+benchmarks, which time our Triton kernels and must not time them interpreted."""
+from __future__ import annotations
+
+import torch
+
+from kernels.triton_support import interpreting
+
+
+def refusal(device: str) -> str | None:
+    """Why this machine cannot run on `device`, or None."""
+    if not device.startswith("cuda"):
+        return None
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    if interpreting():
+        return "TRITON_INTERPRET is set, so the engine's Triton kernels would be interpreted"
+    return None
