@@ -80,7 +80,7 @@ def replay_paged(engine: Engine, workload: Workload, label: str = "", progress=N
     """Submits every request at once and steps the engine until all are done."""
     allocator = engine.allocator
     assert isinstance(allocator, LocalBlockAllocator), "the pool is read in-process"
-    pool = allocator.core.executors[allocator.executor_id].pool
+    pool = allocator.pool
     block_size = pool.block_size
     run = SchemeRun(paged_name(block_size), label or f"pagedserve, block {block_size}",
                     pool.num_blocks * block_size)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from sharing_workload import Submission
 from tqdm import tqdm
 
-from allocator_service.executor_pool import ExecutorPool
 from executor_service.engine.engine import Engine
 
 
@@ -57,15 +56,11 @@ class Run:
         return sum(used for used, _ in self.blocks) / len(self.blocks)
 
 
-def pool_of(engine: Engine) -> ExecutorPool:
-    return engine.allocator.core.executors[engine.allocator.executor_id].pool
-
-
 def run_case(engine: Engine, submissions: list[Submission], tag: str,
              progress: tqdm | None = None) -> Run:
     """`tag` names the run's requests. The prefix cache is emptied first, so the run starts
     alike whatever ran before (the salts differ per run as well)."""
-    pool = pool_of(engine)
+    pool = engine.allocator.pool
     engine.allocator.core.reset_prefix_cache(engine.allocator.executor_id)
     preemptions = engine.scheduler.num_preemptions
     request_ids = [f"{tag}-{i}" for i in range(len(submissions))]

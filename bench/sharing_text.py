@@ -7,7 +7,9 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from sharing_workload import BLOCK_SIZE, PARALLEL, SYSTEM, blocks_for
+from sharing_workload import BLOCK_SIZE, PARALLEL, SYSTEM
+
+from allocator_service.executor_pool import blocks_for
 
 if TYPE_CHECKING:
     from sharing_report import Results
@@ -80,7 +82,7 @@ def discussion(r: Results) -> list[str]:
         output_len = r.settings.output_len
         prompts = parallel[0].case.prompts
         share = sum(len(p) // BLOCK_SIZE for p in prompts) / \
-            sum(blocks_for(len(p) + output_len) for p in prompts)
+            sum(blocks_for(len(p) + output_len, BLOCK_SIZE) for p in prompts)
         measured = ", ".join(f"{pair.peak_saving:.0%}" for pair in parallel)
         expected = ", ".join(f"{pair.case.expected_peak_saving():.0%}" for pair in parallel)
         longer = ", ".join(f"{pair.case.expected_peak_saving(LONGER_OUTPUTS * output_len):.0%}"

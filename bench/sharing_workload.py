@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from throughput_workload import CHAT_PROMPTS, SEED, LogNormalLengths, random_prompt
 
+from allocator_service.executor_pool import blocks_for
 from executor_service.engine.sampler import child_seed
 from pagedserve.common.sampling_params import SamplingParams
 
@@ -109,7 +110,7 @@ class ParallelSampling:
         prompt's full blocks, over n sequences' blocks."""
         output_len = self.output_len if output_len is None else output_len
         saved = sum((self.n - 1) * (len(p) // BLOCK_SIZE) for p in self.prompts)
-        return saved / sum(self.n * blocks_for(len(p) + output_len) for p in self.prompts)
+        return saved / sum(self.n * blocks_for(len(p) + output_len, BLOCK_SIZE) for p in self.prompts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +141,10 @@ class SharedSystemPrompt:
         cache (the requests admitted with the first ones compute their own copy)."""
         output_len = self.output_len if output_len is None else output_len
         saved = (len(self.users) - 1) * (len(self.system) // BLOCK_SIZE)
-        return saved / sum(blocks_for(len(p) + output_len) for p in self.prompts)
+        return saved / sum(blocks_for(len(p) + output_len, BLOCK_SIZE) for p in self.prompts)
 
 
 Case = ParallelSampling | SharedSystemPrompt
-
-
-def blocks_for(num_tokens: int) -> int:
-    return -(-num_tokens // BLOCK_SIZE)
 
 
 def draw_cases(settings: Settings, token_ids: list[int], seed: int = SEED) -> list[Case]:

@@ -20,7 +20,7 @@ MAX_NEW = 20
 
 def assert_pool_clean(engine) -> None:
     """Every sequence freed, every invariant of the pool holds."""
-    pool = engine.allocator.core.executors[engine.allocator.executor_id].pool
+    pool = engine.allocator.pool
     assert audit_pool("engine", pool) == []
     assert pool.sequences == {}
 

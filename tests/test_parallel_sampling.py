@@ -23,7 +23,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def pool_of(engine):
-    return engine.allocator.core.executors[engine.allocator.executor_id].pool
+    return engine.allocator.pool
 
 
 def test_seeded_n4_is_reproducible_and_independent_of_the_batch(checkpoint):

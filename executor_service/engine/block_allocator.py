@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from allocator_service.allocator import Allocator
+from allocator_service.executor_pool import ExecutorPool
 from allocator_service.ops import BlockOp, StepResult
 
 
@@ -59,6 +60,11 @@ class LocalBlockAllocator:
                                                block_size, model_fingerprint)
         self.epoch, self.last_step_id = executor.epoch, 0
         return self.epoch
+
+    @property
+    def pool(self) -> ExecutorPool:
+        """This executor's pool in the core, for tests and benchmarks that inspect it."""
+        return self.core.executors[self.executor_id].pool
 
     def submit(self, ops: Sequence[BlockOp]) -> DoneStep:
         self.last_step_id += 1
