@@ -6,6 +6,7 @@ several benchmarks share the page and each rewrites just what it measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -16,9 +17,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 PAGE_HEADER = """# Benchmarks
 
 Results written by the scripts under `bench/`, one section per script; rerun a script to replace
@@ -147,6 +149,12 @@ def publish(heading: str, results: object, report: Any, write_plot: Callable[[An
     if out_md is not None:
         replace_section(out_md, heading, report.section_body(results, out_png, out_md))
         print(f"results: {out_md} (## {heading})")
+
+
+def with_overrides(preset: T, **values: object) -> T:
+    """The preset (a dataclass) with the values given on the command line; None keeps the
+    preset's."""
+    return dataclasses.replace(preset, **{k: v for k, v in values.items() if v is not None})
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:

@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 import memory_report as report
-from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
+from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
+                          with_overrides)
 from memory_paged import replay_paged, stand_in_engine
 from memory_plot import write_plot
 from memory_reservation import (max_length_reservation, power_of_two_reservation,
@@ -64,10 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     settings = QUICK if args.quick else FULL
-    overrides = {"num_requests": args.requests, "budget_slots": args.budget_slots,
-                 "block_sizes": None if args.block_sizes is None else tuple(args.block_sizes)}
-    settings = dataclasses.replace(
-        settings, **{k: v for k, v in overrides.items() if v is not None})
+    settings = with_overrides(
+        settings, num_requests=args.requests, budget_slots=args.budget_slots,
+        block_sizes=None if args.block_sizes is None else tuple(args.block_sizes))
     # The targets are read at the headline block size, so it always runs; smallest first.
     block_sizes = sorted({settings.headline_block_size, *settings.block_sizes})
     return dataclasses.replace(settings, block_sizes=tuple(block_sizes))

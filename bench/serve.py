@@ -43,7 +43,8 @@ from pathlib import Path
 
 import serve_report as report
 import torch
-from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
+from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
+                          with_overrides)
 from device_refusal import refusal
 from serve_engine_load import InProcessLoad
 from serve_gateway_load import GrpcLoad, HttpLoad
@@ -98,15 +99,13 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
         settings = dataclasses.replace(
             QUICK, name="gpu-quick", device=GPU.device, dtype=GPU.dtype,
             kv_cache_bytes=GPU.kv_cache_bytes)
-    overrides = {
-        "device": args.device, "dtype": args.dtype, "num_requests": args.requests,
-        "output_lens": None if args.output_len is None else fixed(args.output_len),
-        "request_rates": args.rates, "max_concurrency": args.max_concurrency,
-        "rounds": args.rounds,
-        "kv_cache_bytes": None if args.kv_cache_gib is None else int(args.kv_cache_gib * GiB),
-        "max_batched_tokens": args.max_batched_tokens,
-    }
-    return dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    return with_overrides(
+        settings, device=args.device, dtype=args.dtype, num_requests=args.requests,
+        output_lens=None if args.output_len is None else fixed(args.output_len),
+        request_rates=args.rates, max_concurrency=args.max_concurrency,
+        rounds=args.rounds,
+        kv_cache_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * GiB),
+        max_batched_tokens=args.max_batched_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import throughput_report as report
 import torch
-from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
+from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
+                          with_overrides)
 from device_refusal import refusal
 from throughput_contenders import (CONTINUOUS, OURS, STATIC, build_ours, cache_tokens,
                                    continuous_config, load_transformers, run_continuous, run_ours,
@@ -83,14 +84,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings = dataclasses.replace(
             settings, num_requests=QUICK.num_requests, prompt_lens=QUICK.prompt_lens,
             output_lens=QUICK.output_lens, hf_batch=QUICK.hf_batch, rounds=QUICK.rounds)
-    overrides = {
-        "device": args.device, "dtype": args.dtype, "num_requests": args.requests,
-        "output_lens": None if args.output_len is None else fixed(args.output_len),
-        "hf_batch": args.hf_batch, "rounds": args.rounds,
-        "kv_cache_bytes": None if args.kv_cache_gib is None else int(args.kv_cache_gib * GiB),
-        "max_batched_tokens": args.max_batched_tokens,
-    }
-    return dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    return with_overrides(
+        settings, device=args.device, dtype=args.dtype, num_requests=args.requests,
+        output_lens=None if args.output_len is None else fixed(args.output_len),
+        hf_batch=args.hf_batch, rounds=args.rounds,
+        kv_cache_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * GiB),
+        max_batched_tokens=args.max_batched_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
