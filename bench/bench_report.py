@@ -51,6 +51,12 @@ def summary_ms(samples_s: Sequence[float]) -> dict[str, float]:
             "mean": statistics.fmean(samples_s) * 1e3}
 
 
+def drawn_lengths(lengths: Sequence[int]) -> str:
+    """What a workload actually drew, for its description: median, mean, p90 and max."""
+    return (f"median {statistics.median(lengths):.0f}, mean {statistics.fmean(lengths):.0f}, "
+            f"p90 {percentile(lengths, 90)}, max {max(lengths)}")
+
+
 def machine_description() -> str:
     import grpc  # only the benchmarks that talk gRPC reach this module with grpc installed
 

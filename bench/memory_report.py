@@ -12,7 +12,7 @@ from pathlib import Path
 
 import bench_report as report
 from memory_samples import CONTIGUOUS, SchemeRun, paged_name
-from memory_workload import Settings, Workload, describe_lengths
+from memory_workload import Settings, Workload
 
 # Llama-3-8B's shape in bfloat16: 32 layers × K and V × 8 heads × 128 dims × 2 bytes per token.
 EXAMPLE_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
@@ -125,9 +125,9 @@ def workload_text(r: Results) -> str:
             "drawn like ShareGPT's (the vLLM paper, Kwon et al., SOSP 2023, §6.1 and Fig. 11, "
             "reports averages of about 161 prompt and 338 output tokens; "
             "bench/memory_workload.py says how the distributions were chosen). Prompt lengths "
-            f"{s.prompt_lens.describe()} (drawn: {describe_lengths(w.prompt_lens)}; "
+            f"{s.prompt_lens.describe()} (drawn: {report.drawn_lengths(w.prompt_lens)}; "
             f"{sum(w.prompt_lens):,} tokens); output lengths {s.output_lens.describe()} "
-            f"(drawn: {describe_lengths(w.output_lens)}; {sum(w.output_lens):,} tokens), "
+            f"(drawn: {report.drawn_lengths(w.output_lens)}; {sum(w.output_lens):,} tokens), "
             "end-of-sequence ignored. Prompts are random token ids, so no two share a prefix; "
             "one completion per request.")
 

@@ -17,10 +17,8 @@ same tokens.
 from __future__ import annotations
 
 import random
-import statistics
 from dataclasses import dataclass
 
-from bench_report import percentile
 from throughput_workload import LogNormalLengths
 
 SEED = 20240917
@@ -84,7 +82,3 @@ def draw_workload(settings: Settings, seed: int = SEED) -> Workload:
                for length in prompt_lens]
     return Workload(prompts, output_lens)
 
-
-def describe_lengths(lengths: list[int]) -> str:
-    return (f"median {statistics.median(lengths):.0f}, mean {statistics.fmean(lengths):.0f}, "
-            f"p90 {percentile(lengths, 90)}, max {max(lengths)}")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 
-from bench_report import percentile
+from bench_report import drawn_lengths
 from serve_workload import ServeSettings, rate_label
 from throughput_workload import Workload
 
@@ -27,8 +26,7 @@ def workload_text(s: ServeSettings, w: Workload) -> str:
         f"{len(w.prompts)} requests at each request rate: {rates_text(s)}, at most "
         f"{s.max_concurrency} open at a time (a request that arrives while all are open waits "
         "for one, and its latencies start when it is sent). Prompt lengths "
-        f"{s.prompt_lens.describe()} (drawn: median {statistics.median(lengths):.0f}, mean "
-        f"{statistics.fmean(lengths):.0f}, p90 {percentile(lengths, 90)}, max {lengths[-1]}; "
+        f"{s.prompt_lens.describe()} (drawn: {drawn_lengths(lengths)}; "
         f"{w.num_prompt_tokens:,} prompt tokens), token ids random among the model's ordinary "
         "tokens, sent as token ids so no tokenizer differs on the way in; output "
         f"{s.output_lens.describe()} tokens per request ({w.num_output_tokens:,} in all), "

@@ -4,9 +4,9 @@ Language Model Serving with PagedAttention", SOSP 2023). Paragraphs come back un
 sharing_report.py wraps them."""
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING
 
+from bench_report import drawn_lengths
 from sharing_workload import BLOCK_SIZE, PARALLEL, SYSTEM
 
 from allocator_service.executor_pool import blocks_for
@@ -42,8 +42,7 @@ def method(r: Results) -> list[str]:
         ns = ", ".join(str(pair.case.n) for pair in parallel)
         paragraphs.append(
             f"Parallel sampling, n = {ns}: {len(lengths)} prompts of random ordinary token ids, "
-            f"lengths {s.prompt_lens.describe()} (drawn: median {statistics.median(lengths):.0f}"
-            f", mean {statistics.fmean(lengths):.0f}, max {max(lengths)}), {s.output_len} "
+            f"lengths {s.prompt_lens.describe()} (drawn: {drawn_lengths(lengths)}), {s.output_len} "
             "output tokens per choice (end-of-sequence ignored), temperature 1, a seed per "
             "request. Shared: one request with `SamplingParams(n=n)`; the engine computes the "
             "prompt once and forks the other choices from its blocks (the partial last block "

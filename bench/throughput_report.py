@@ -139,9 +139,8 @@ def workload_text(r: Results) -> str:
     lengths = sorted(len(prompt) for prompt in w.prompts)
     outputs = s.output_lens.describe()
     return (f"{len(w.prompts)} requests, all submitted at once. Prompt lengths "
-            f"{s.prompt_lens.describe()} (drawn: median {statistics.median(lengths):.0f}, "
-            f"mean {statistics.fmean(lengths):.0f}, p90 {report.percentile(lengths, 90)}, "
-            f"max {lengths[-1]}; {w.num_prompt_tokens:,} prompt tokens), token ids random "
+            f"{s.prompt_lens.describe()} (drawn: {report.drawn_lengths(lengths)}; "
+            f"{w.num_prompt_tokens:,} prompt tokens), token ids random "
             f"among the model's ordinary tokens (no bos, eos, pad or added token); output "
             f"{outputs} tokens per request "
             f"({w.num_output_tokens:,} in all), end-of-sequence ignored.")
