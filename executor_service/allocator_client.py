@@ -1,9 +1,11 @@
 """The executor's client of the allocator service: the engine's BlockAllocator over gRPC.
 
-A Step is sent with `Step.future`, so the engine computes while it is in flight. An allocator
-that does not answer (restarting, or its Redis down) is retried with the SAME step id and
-backoff: the allocator is idempotent per step id, so a reply lost with a crash is recovered
-without applying anything twice, and a durable allocator that comes back continues where it was.
+A Step is sent from the client's one call thread, so the engine computes while it is in flight
+(grpc's own `future()` would start a thread per call to drive it: one per engine iteration).
+An allocator that does not answer (restarting, or its Redis down) is retried with the SAME step
+id and backoff: the allocator is idempotent per step id, so a reply lost with a crash is
+recovered without applying anything twice, and a durable allocator that comes back continues
+where it was.
 An allocator that no longer knows this executor, or knows it under a newer epoch, lost (or
 handed on) our pool: `PoolLost` tells the engine to re-register and recompute what it ran.
 """
@@ -13,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
@@ -47,7 +50,7 @@ class RemoteStep:
 
     def __init__(self, client: RemoteBlockAllocator, request: pb.StepRequest) -> None:
         self.client, self.request = client, request
-        self.future = client.stub.Step.future(request, timeout=client.call_timeout_s)
+        self.future = client.send_step(request)
 
     def result(self) -> StepResult:
         deadline = time.monotonic() + self.client.retry_deadline_s
@@ -66,8 +69,7 @@ class RemoteStep:
                             self.request.step_id, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
-                self.future = self.client.stub.Step.future(self.request,
-                                                           timeout=self.client.call_timeout_s)
+                self.future = self.client.send_step(self.request)
 
 
 class RemoteBlockAllocator:
@@ -82,6 +84,8 @@ class RemoteBlockAllocator:
         self.lease_ttl_s = 10.0
         self.last_step_id = 0
         self._lock = threading.Lock()
+        # One thread: Steps reach the allocator in step-id order.
+        self._calls = ThreadPoolExecutor(1, thread_name_prefix="allocator-step")
 
     def register(self, num_blocks: int, block_size: int, model_fingerprint: str) -> int:
         """Registers (or re-registers: the pool starts empty), waiting for the allocator."""
@@ -111,6 +115,10 @@ class RemoteBlockAllocator:
                                      ops=[op_to_proto(op) for op in ops])
         return RemoteStep(self, request)
 
+    def send_step(self, request: pb.StepRequest) -> Future:
+        """The Step call, in flight; its result() is the reply or raises the grpc.RpcError."""
+        return self._calls.submit(self.stub.Step, request, timeout=self.call_timeout_s)
+
     def heartbeat(self, num_waiting: int, num_running: int) -> None:
         """Renews the lease; raises PoolLost when the allocator dropped our pool."""
         try:
@@ -123,4 +131,5 @@ class RemoteBlockAllocator:
             log.warning("heartbeat failed: %s", error.code().name)
 
     def close(self) -> None:
+        self._calls.shutdown(wait=False, cancel_futures=True)
         self.channel.close()

@@ -52,13 +52,12 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         reader.start()
         while context.is_active():
             try:
-                first = session.updates.get(timeout=POLL_S)
+                updates = session.updates.get(timeout=POLL_S)
             except queue.Empty:
                 continue
-            updates = [first]
-            while True:  # everything one iteration produced goes down in one message
+            while True:  # batches that queued up meanwhile go down in the same message
                 try:
-                    updates.append(session.updates.get_nowait())
+                    updates = updates + session.updates.get_nowait()
                 except queue.Empty:
                     break
             yield pb.SessionResponse(updates=[
@@ -76,8 +75,8 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
                 elif kind == "cancel":
                     self.loop.cancel(session, message.cancel.request_id)
                 else:
-                    session.updates.put(Refusal("", InvalidArgument(
-                        "a SessionRequest must set submit or cancel")))
+                    session.updates.put([Refusal("", InvalidArgument(
+                        "a SessionRequest must set submit or cancel"))])
         except grpc.RpcError:
             pass  # the client went away: the call's callback closes the session
 
@@ -86,7 +85,7 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
             check_request_id(submit.request_id)
             params = sampling_from_proto(submit.sampling)
         except PagedServeError as error:
-            session.updates.put(Refusal(submit.request_id, error))
+            session.updates.put([Refusal(submit.request_id, error)])
             return
         self.loop.submit(session, submit.request_id, list(submit.prompt_token_ids), params,
                          submit.cache_salt)

@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Session:
-    """One client stream: the updates waiting for it and the requests it owns."""
-    updates: queue.Queue = field(default_factory=queue.Queue)
+    """One client stream: the updates waiting for it (in batches: everything one iteration
+    made for the stream is put at once, so it goes down in one message) and the requests it
+    owns."""
+    updates: queue.Queue[list] = field(default_factory=queue.Queue)
     request_ids: set[str] = field(default_factory=set)
     closed: bool = False
 
@@ -109,7 +111,7 @@ class ServingLoop:
         try:
             self.engine.add_request(request_id, prompt, params, cache_salt)
         except PagedServeError as error:
-            session.updates.put(Refusal(request_id, error))
+            session.updates.put([Refusal(request_id, error)])
             return
         self.owners[request_id] = session
         session.request_ids.add(request_id)
@@ -126,6 +128,7 @@ class ServingLoop:
         self._deliver(self.engine.drain_outputs())
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        batches: dict[Session, list[RequestOutput]] = {}
         for output in outputs:
             session = self.owners.get(output.request_id)
             if session is None:
@@ -134,4 +137,7 @@ class ServingLoop:
                 del self.owners[output.request_id]
                 session.request_ids.discard(output.request_id)
             if not session.closed:
-                session.updates.put(output)
+                batches.setdefault(session, []).append(output)
+        # One put per session: its sender wakes once per iteration, not once per request.
+        for session, batch in batches.items():
+            session.updates.put(batch)

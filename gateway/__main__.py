@@ -1,66 +1,97 @@
 """`python -m gateway`: discover executors through the allocator, serve the Gateway API on gRPC
-and the OpenAI-compatible API on HTTP."""
+and the OpenAI-compatible API on HTTP, both on one asyncio event loop (the main thread's).
+
+Threads beside the loop: the executor directory (it polls the allocator), one reader per
+executor link, and the worker threads that tokenize and ask the allocator for prefix matches.
+"""
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from gateway.admission import Admission
 from gateway.cluster_metrics import ClusterCollector
-from gateway.config import parse_config
+from gateway.config import GatewayConfig, parse_config
 from gateway.executor_directory import ExecutorDirectory
 from gateway.generation import Generator
 from gateway.http_api import OpenAIHttpApi
 from gateway.http_server import HttpServer
 from gateway.metrics import GatewayMetrics
 from gateway.servicer import GatewayServicer
-from pagedserve.common.auth import BearerTokenInterceptor
+from pagedserve.common.aio_server import AsyncGrpcService
+from pagedserve.common.auth import AsyncBearerTokenInterceptor
 from pagedserve.common.client import open_channel
 from pagedserve.common.logs import setup_logging
-from pagedserve.common.server import GrpcService
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 
+log = logging.getLogger(__name__)
 SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name["Gateway"].full_name]
 API_KEY_HINT = "send one of the gateway's API keys (--api-key)"
+# Worker threads for blocking calls made on behalf of requests (tokenizing, MatchPrefix). A
+# MatchPrefix to an allocator that is down blocks for its timeout; enough threads that such a
+# wait does not queue the requests behind it.
+BLOCKING_WORKERS = 64
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     setup_logging("gateway", config.log_level)
+    return asyncio.run(serve(config))
+
+
+async def serve(config: GatewayConfig) -> int:
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(BLOCKING_WORKERS, "gateway-blocking"))
+    stop_requested = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, _on_signal, signum, stop_requested)
+
     allocator = open_channel(config.allocator, config.service_token, config.tls_ca)
     directory = ExecutorDirectory(
         allocator, lambda address: open_channel(address, config.service_token, config.tls_ca),
-        config.refresh_s)
+        loop, config.refresh_s)
     admission = Admission(config.max_running, config.max_queued)
     generator = Generator(directory, allocator, admission)
     metrics = GatewayMetrics()
     metrics.watch_admission(admission)
     metrics.registry.register(ClusterCollector(allocator, directory))
     servicer = GatewayServicer(generator, metrics)
-    auth = BearerTokenInterceptor(config.api_keys, API_KEY_HINT) if config.api_keys else None
-    service = GrpcService(config.server, SERVICE_NAMES,
-                          lambda server: pb_grpc.add_GatewayServicer_to_server(servicer, server),
-                          auth=auth)
+    auth = (AsyncBearerTokenInterceptor(config.api_keys, API_KEY_HINT) if config.api_keys
+            else None)
+    service = AsyncGrpcService(
+        config.server, SERVICE_NAMES,
+        lambda server: pb_grpc.add_GatewayServicer_to_server(servicer, server), auth=auth)
     http = HttpServer(OpenAIHttpApi(generator, metrics, config.api_keys).app,
                       config.server.host, config.http_port, config.server.tls_cert,
                       config.server.tls_key, config.server.grace_s)
-    # Health is SERVING while at least one executor is ready.
-    directory.on_change = lambda models: service.set_serving(bool(models))
-    service.start()
+    # Health is SERVING while at least one executor is ready (told from the directory's thread).
+    directory.on_change = lambda models: asyncio.run_coroutine_threadsafe(
+        service.set_serving(bool(models)), loop)
+    await service.start()
     http.start()
     print(f"gateway listening on {config.server.host}:{service.port}", flush=True)
     print(f"gateway HTTP API on {http.url}", flush=True)
     directory.start()
 
-    def shut_down() -> None:
-        http.stop()
-        directory.stop()
-        allocator.close()
-
+    await stop_requested.wait()
     # Both servers drain at once: gRPC streams and HTTP responses get the same grace period.
-    service.run_until_signal(on_shutdown=shut_down, on_stop_requested=http.begin_stop)
+    http.begin_stop()
+    await service.stop()
+    await http.stop()
+    await asyncio.to_thread(directory.stop)
+    allocator.close()
+    log.info("stopped")
     return 0
+
+
+def _on_signal(signum: int, stop_requested: asyncio.Event) -> None:
+    log.info("received %s, shutting down", signal.Signals(signum).name)
+    stop_requested.set()
 
 
 if __name__ == "__main__":

@@ -2,60 +2,67 @@
 wait for a turn; a request beyond both is refused at once (RESOURCE_EXHAUSTED) instead of
 joining an unbounded queue. Waiters are served first come, first served.
 
-    with admission.slot(cancelled):   # may wait; raises ResourceExhausted when full
+    async with admission.slot():   # may wait; raises ResourceExhausted when full
         ... generate ...
+
+It lives on the gateway's event loop, like every request, so it needs no lock. A waiter whose
+client goes away is cancelled (its task is) and simply leaves the queue.
 """
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-from pagedserve.common.errors import ResourceExhausted, Unavailable
-
-POLL_S = 0.1
+from pagedserve.common.errors import ResourceExhausted
 
 
 class Admission:
     def __init__(self, max_running: int, max_queued: int) -> None:
         self.max_running, self.max_queued = max_running, max_queued
         self.running = 0
-        self._waiting: deque[object] = deque()
-        self._changed = threading.Condition()
+        # One future per waiter, set when a running request hands its slot on.
+        self._waiting: deque[asyncio.Future[None]] = deque()
 
     @property
     def queued(self) -> int:
         return len(self._waiting)
 
-    @contextmanager
-    def slot(self, cancelled: Callable[[], bool] = lambda: False) -> Iterator[None]:
-        self._acquire(cancelled)
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        await self._acquire()
         try:
             yield
         finally:
-            with self._changed:
-                self.running -= 1
-                self._changed.notify_all()
+            self._release()
 
-    def _acquire(self, cancelled: Callable[[], bool]) -> None:
-        with self._changed:
-            if self.running < self.max_running and not self._waiting:
-                self.running += 1
-                return
-            if len(self._waiting) >= self.max_queued:
-                raise ResourceExhausted(
-                    f"the gateway is at capacity: {self.running} requests running and "
-                    f"{len(self._waiting)} queued (limits {self.max_running} and "
-                    f"{self.max_queued}); retry later")
-            ticket = object()
-            self._waiting.append(ticket)
-            try:
-                while not (self._waiting[0] is ticket and self.running < self.max_running):
-                    if cancelled():
-                        raise Unavailable("the request was cancelled while it queued")
-                    self._changed.wait(POLL_S)
-                self.running += 1
-            finally:
-                self._waiting.remove(ticket)
-                self._changed.notify_all()
+    async def _acquire(self) -> None:
+        if self.running < self.max_running and not self._waiting:
+            self.running += 1
+            return
+        if len(self._waiting) >= self.max_queued:
+            raise ResourceExhausted(
+                f"the gateway is at capacity: {self.running} requests running and "
+                f"{len(self._waiting)} queued (limits {self.max_running} and "
+                f"{self.max_queued}); retry later")
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._release()          # handed a slot just as the client went away
+            elif turn in self._waiting:
+                self._waiting.remove(turn)
+            raise
+
+    def _release(self) -> None:
+        """Frees a slot: the first waiter takes it over (counted as running already)."""
+        self.running -= 1
+        while self._waiting and self.running < self.max_running:
+            turn = self._waiting.popleft()
+            if turn.cancelled():         # its waiter is leaving; its except clause runs later
+                continue
+            self.running += 1
+            turn.set_result(None)

@@ -11,6 +11,7 @@ Readers get immutable snapshots, so routing never sees a half-updated directory.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -53,9 +54,11 @@ class ServedModel:
 
 class ExecutorDirectory:
     def __init__(self, allocator: grpc.Channel, open_channel: Callable[[str], grpc.Channel],
-                 refresh_s: float = 1.0) -> None:
+                 loop: asyncio.AbstractEventLoop, refresh_s: float = 1.0) -> None:
+        """Links deliver to `loop`, the event loop the gateway's requests run on."""
         self._admin = apb_grpc.AllocatorAdminStub(allocator)
         self._open_channel = open_channel
+        self._loop = loop
         self._refresh_s = refresh_s
         self._entries: dict[str, ExecutorEntry] = {}
         self._tokenizers: dict[str, GatewayTokenizer] = {}
@@ -122,7 +125,8 @@ class ExecutorDirectory:
             return None
         log.info("executor %s at %s serves %s", info.executor_id, listing.address,
                  info.model_name)
-        return ExecutorEntry(info, ExecutorLink(info.executor_id, channel, listing.address))
+        return ExecutorEntry(info, ExecutorLink(info.executor_id, channel, listing.address,
+                                                 self._loop))
 
     def _group(self) -> dict[str, ServedModel]:
         models: dict[str, ServedModel] = {}

@@ -4,18 +4,25 @@
     → route (MatchPrefix + load) → submit on the executor's Session → token ids in,
     text deltas out (per choice: detokenize, stop strings) → usage on the last event
 
-The caller iterates `generate()`; `cancelled()` is polled while waiting, so a client that goes
-away has its executor request cancelled within one poll, and its blocks freed within an
-iteration after that. A request whose executor link breaks before any token was sent is
-resubmitted once to another executor; after that the choices end with an error.
+The caller iterates `generate()`, an async generator on the gateway's event loop (the gRPC
+and HTTP servers share the loop). A client that goes away cancels its task, or stops iterating
+and closes the generator: either way the executor request is cancelled at once, and its blocks
+are freed within an iteration. A request whose executor link breaks before any token was sent
+is resubmitted once to another executor; after that the choices end with an error.
+
+Why a loop and not a thread per request: every engine iteration brings one token to each open
+stream. With a thread per stream, that is a wake-up (and a blocking gRPC send) per stream per
+iteration; on the loop it is one wake-up per iteration for all of them (docs/gateway.md).
+Blocking work stays off the loop: tokenizing (a long text prompt takes milliseconds) and the
+allocator's MatchPrefix run on worker threads.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -34,7 +41,6 @@ from pagedserve.common import errors
 from pagedserve.common.errors import InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
-POLL_S = 0.1
 MATCH_TIMEOUT_S = 2.0
 ATTEMPTS = 2
 
@@ -82,16 +88,16 @@ class Generator:
         model = self.model(request.model)
         return prompt_token_ids(request, model), model
 
-    def generate(self, request: GenerationRequest,
-                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[GenerationEvent]:
-        prompt, model = self.tokenize(request)
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        prompt, model = await asyncio.to_thread(self.tokenize, request)
         max_tokens = generation_budget(request, len(prompt), model)
         sampling = replace(request.sampling, max_tokens=max_tokens)
         sampling.validate(model.vocab_size)
-        with self.admission.slot(cancelled):
-            yield from self._serve(request, model, prompt, sampling, cancelled)
+        async with self.admission.slot():
+            async for event in self._serve(request, model, prompt, sampling):
+                yield event
 
-    def _serve(self, request, model, prompt, sampling, cancelled) -> Iterator[GenerationEvent]:
+    async def _serve(self, request, model, prompt, sampling) -> AsyncIterator[GenerationEvent]:
         request_id = new_request_id()
         choices = [ChoiceStream(index, model.tokenizer, prompt, request.stop,
                                 not request.keep_special_tokens)
@@ -99,7 +105,7 @@ class Generator:
         first = GenerationEvent(model=model.name, request_id=request_id)
         tried: set[str] = set()
         for attempt in range(ATTEMPTS):
-            entry = self._route(model, prompt, request.cache_salt, tried)
+            entry = await self._route(model, prompt, request.cache_salt, tried)
             tried.add(entry.executor_id)
             link = entry.link
             updates = link.submit(request_id, prompt, sampling_to_proto(sampling),
@@ -109,9 +115,7 @@ class Generator:
             executor_done = False
             try:
                 while True:
-                    update = self._next(updates, cancelled)
-                    if update is None:        # the client went away (finally cancels)
-                        return
+                    update = await updates.get()
                     executor_done = isinstance(update, LinkLost) or update.finished
                     if isinstance(update, LinkLost):
                         if not sent_tokens and attempt + 1 < ATTEMPTS:
@@ -144,23 +148,13 @@ class Generator:
                     if event.choices:
                         yield event
             finally:
-                # Also reached when the caller stops iterating (a gRPC client that cancels
-                # closes this generator): the executor must stop computing for nobody.
+                # Also reached when the client goes away (its task is cancelled, or it closes
+                # this generator): the executor must stop computing for nobody.
                 if not executor_done:
                     link.cancel(request_id)
                 link.forget(request_id)
             request_id = new_request_id()   # the failed executor may still know the old one
         raise Unavailable("no executor could serve the request")  # pragma: no cover
-
-    def _next(self, updates: queue.Queue, cancelled: Callable[[], bool]):
-        """The next update, or None once the client is gone (checked before every update too:
-        a stream whose tokens keep coming must still notice)."""
-        while not cancelled():
-            try:
-                return updates.get(timeout=POLL_S)
-            except queue.Empty:
-                pass
-        return None
 
     def _advance(self, choices: list[ChoiceStream], update, link, request_id: str
                  ) -> GenerationEvent:
@@ -184,13 +178,13 @@ class Generator:
                                 if not choice.finished],
                                Usage(prompt_len, sum(c.num_tokens for c in choices), 0))
 
-    def _route(self, model: ServedModel, prompt: list[int], cache_salt: str,
-               tried: set[str]) -> ExecutorEntry:
+    async def _route(self, model: ServedModel, prompt: list[int], cache_salt: str,
+                     tried: set[str]) -> ExecutorEntry:
         entries = {executor_id: entry for executor_id, entry in model.executors.items()
                    if entry.link.alive and executor_id not in tried}
         if not entries:
             raise Unavailable(f"no executor of {model.name} is reachable; retry shortly")
-        matches = self._matches(prompt, cache_salt)
+        matches = await asyncio.to_thread(self._matches, prompt, cache_salt)
         candidates = []
         for executor_id, entry in entries.items():
             match = matches.get(executor_id)

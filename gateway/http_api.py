@@ -11,7 +11,9 @@ open for orchestrators and scrapers. Every error is OpenAI's JSON error shape.
 
 A request is refused with a plain HTTP error (not an event stream) when it fails before its
 first event: bad fields, unknown model, admission limits. Once streaming, a failure arrives as
-an `error` event followed by `[DONE]`. A client that disconnects has its generation cancelled.
+an `error` event followed by `[DONE]`. A client that disconnects has its generation cancelled:
+while the request waits for its first event or collects a whole response, a watcher on the
+ASGI disconnect message cancels it; once streaming, the failed send ends the stream.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import aclosing
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -28,7 +31,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.event_pump import EventPump
 from gateway.generation import GenerationEvent, Generator
 from gateway.metrics import GatewayMetrics
 from gateway.openai_errors import error_body, http_status_of
@@ -99,54 +101,55 @@ class OpenAIHttpApi:
             parsed: OpenAIRequest = parse(await _read_json(request))
         except Exception as error:  # noqa: BLE001 - every refusal becomes an OpenAI error body
             return _error_response(error)
-        loop = asyncio.get_running_loop()
-        pump = EventPump(lambda gone: self.metrics.observe(
-            self.generator.generate(parsed.generation, gone), "http"), loop)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, pump))
+        events = self.metrics.observe(self.generator.generate(parsed.generation), "http")
         try:
-            first = await anext(pump)
-        except StopAsyncIteration:
-            first = None
+            first = await _unless_disconnected(request, anext(events, None))
+        except ClientGone:
+            await events.aclose()
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as error:  # noqa: BLE001
-            watcher.cancel()
+            await events.aclose()
             return _error_response(error)
         prefix = "chatcmpl-" if parsed.chat else "cmpl-"
         responder = OpenAIResponder(parsed, prefix + uuid.uuid4().hex[:24], int(time.time()),
                                     first.model if first else parsed.generation.model)
         headers = {"x-request-id": first.request_id} if first else {}
         if parsed.stream:
-            return StreamingResponse(self._sse(first, pump, responder, watcher),
+            return StreamingResponse(self._sse(first, events, responder),
                                      media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
         try:
-            return await self._collect(first, pump, responder, headers)
+            return await _unless_disconnected(
+                request, self._collect(first, events, responder, headers))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         finally:
-            watcher.cancel()
+            await events.aclose()
 
-    async def _collect(self, first: GenerationEvent | None, pump: EventPump,
-                       responder: OpenAIResponder, headers: dict[str, str]) -> Response:
+    async def _collect(self, first: GenerationEvent | None,
+                       events: AsyncIterator[GenerationEvent], responder: OpenAIResponder,
+                       headers: dict[str, str]) -> Response:
         try:
-            async for event in _checked(first, pump):
+            async for event in _checked(first, events):
                 responder.add(event)
         except Exception as error:  # noqa: BLE001
             return _error_response(error)
         return JSONResponse(responder.response(), headers=headers)
 
-    async def _sse(self, first: GenerationEvent | None, pump: EventPump,
-                   responder: OpenAIResponder, watcher: asyncio.Task) -> AsyncIterator[str]:
-        try:
-            async for event in _checked(first, pump):
-                for chunk in responder.chunks(event):
-                    yield _sse_data(chunk)
-        except Exception as error:  # noqa: BLE001 - headers are gone: report in the stream
-            if not isinstance(error, PagedServeError):
-                log.error("HTTP stream failed", exc_info=error)
-            _, type_, code = http_status_of(error)
-            yield _sse_data(error_body(str(error), type_, _param(error), code))
-        finally:
-            # Also reached when the response is abandoned (client gone): stop generating.
-            pump.cancel()
-            watcher.cancel()
+    async def _sse(self, first: GenerationEvent | None, events, responder: OpenAIResponder
+                   ) -> AsyncIterator[str]:
+        # `aclosing`: also when the response is abandoned (the client is gone and the send
+        # failed), the generation is closed and its executor request cancelled.
+        async with aclosing(events):
+            try:
+                async for event in _checked(first, events):
+                    for chunk in responder.chunks(event):
+                        yield _sse_data(chunk)
+            except Exception as error:  # noqa: BLE001 - headers are gone: report in the stream
+                if not isinstance(error, PagedServeError):
+                    log.error("HTTP stream failed", exc_info=error)
+                _, type_, code = http_status_of(error)
+                yield _sse_data(error_body(str(error), type_, _param(error), code))
         yield "data: [DONE]\n\n"
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -196,17 +199,41 @@ class BodyTooLarge(InvalidArgument):
         super().__init__(f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
 
 
-async def _cancel_on_disconnect(request: Request, pump: EventPump) -> None:
-    """Waits for the client to go away (the ASGI disconnect message), then cancels."""
+# nginx's status for "the client closed the request"; nobody is there to read it.
+CLIENT_CLOSED_REQUEST = 499
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its response was ready."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable):
+    """`work`'s result, unless the client disconnects first: then `work` is cancelled (which
+    closes what it was generating) and ClientGone is raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the ASGI disconnect message)."""
     try:
         while (await request.receive())["type"] != "http.disconnect":
             pass
     except (ClientDisconnect, OSError, RuntimeError):
         pass
-    pump.cancel()
 
 
-async def _checked(first: GenerationEvent | None, rest: EventPump
+async def _checked(first: GenerationEvent | None, rest: AsyncIterator[GenerationEvent]
                    ) -> AsyncIterator[GenerationEvent]:
     """`first`, then the rest; a choice that failed (its executor died) raises instead."""
     if first is None:

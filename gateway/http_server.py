@@ -1,14 +1,17 @@
-"""Runs the HTTP API (an ASGI app) with uvicorn on a thread of the gateway process, beside the
-gRPC server: both share one Generator, so admission limits and routing see every request.
+"""Runs the HTTP API (an ASGI app) with uvicorn on the gateway's event loop, beside the gRPC
+server (grpc.aio): both share one Generator, so admission limits and routing see every
+request, and one loop serves every stream.
 
 The socket is bound here, before uvicorn starts, so a port in use fails the gateway at start
 with a clear message, and `--http-port 0` reports the port it got.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import uvicorn
 
@@ -24,29 +27,40 @@ class HttpServer:
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 ssl_certfile=tls_cert or None, ssl_keyfile=tls_key or None,
                                 timeout_graceful_shutdown=grace_s)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
+        self._server = _EmbeddedUvicorn(config)
+        self._task: asyncio.Task | None = None
 
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
 
     def start(self) -> None:
-        self._thread.start()
+        """Serves on the running loop, as a task of it."""
+        self._task = asyncio.get_running_loop().create_task(self._serve(), name="http")
 
     def begin_stop(self) -> None:
         """Stops accepting; responses in flight get the grace period to finish."""
         self._server.should_exit = True
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         self.begin_stop()
-        self._thread.join(timeout=30)
+        if self._task is not None:
+            await self._task
 
-    def _serve(self) -> None:
+    async def _serve(self) -> None:
         try:
-            self._server.run(sockets=[self._socket])
+            await self._server.serve(sockets=[self._socket])
         except Exception:  # noqa: BLE001 - logged; the gRPC side keeps serving
             log.exception("the HTTP server stopped")
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway owns SIGTERM and SIGINT and stops
+    both servers together."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def _bind(host: str, port: int) -> socket.socket:

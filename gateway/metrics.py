@@ -19,7 +19,7 @@ gateway/cluster_metrics.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -69,17 +69,18 @@ class GatewayMetrics:
         Gauge("pagedserve_gateway_requests_queued", "Requests waiting for admission",
               registry=self.registry).set_function(lambda: admission.queued)
 
-    def observe(self, events: Generator[GenerationEvent, None, None], api: str
-                ) -> Iterator[GenerationEvent]:
+    async def observe(self, events: AsyncGenerator[GenerationEvent, None], api: str
+                      ) -> AsyncIterator[GenerationEvent]:
         """Passes `events` through, recording the request once it ends. Closing this generator
-        early (a client that went away) closes `events` and counts as cancelled."""
+        early, or cancelling its task (a client that went away), closes `events` and counts as
+        cancelled."""
         started = time.monotonic()
         first_token_at: float | None = None
         tokens_per_choice: dict[int, int] = {}
         finishes: list[str] = []
         outcome = "cancelled"
         try:
-            for event in events:
+            async for event in events:
                 new_tokens = 0
                 for delta in event.choices:
                     new_tokens += len(delta.token_ids)
@@ -99,7 +100,7 @@ class GatewayMetrics:
             outcome = outcome_of_error(error)
             raise
         finally:
-            events.close()
+            await events.aclose()
             self.requests.labels(api, outcome).inc()
             longest = max(tokens_per_choice.values(), default=0)
             if first_token_at is not None and longest > 1:

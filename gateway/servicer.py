@@ -1,8 +1,9 @@
-"""The thin gRPC layer of the gateway: proto in, the Generator, proto out."""
+"""The thin gRPC layer of the gateway (grpc.aio, on the loop the HTTP API shares): proto in,
+the Generator, proto out."""
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
+import asyncio
+from contextlib import aclosing
 
 import grpc
 
@@ -18,27 +19,25 @@ class GatewayServicer(pb_grpc.GatewayServicer):
         self.generator = generator
         self.metrics = metrics
 
-    def Generate(self, request: pb.GenerateRequest,
-                 context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
-        gone = threading.Event()
-        # Fires when the client cancels or disconnects: the generator polls it and cancels
-        # the executor request.
-        context.add_callback(gone.set)
-        events = self.metrics.observe(
-            self.generator.generate(request_from_proto(request), gone.is_set), "grpc")
-        try:
-            for event in events:
-                yield event_to_proto(event)
-        finally:
-            events.close()   # a cancelled call stops iterating us; this cancels the request
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> None:
+        # Written with context.write rather than yielded: a client that cancels cancels this
+        # task, and `aclosing` then closes the event stream here, at once, which cancels the
+        # executor request (a yielding handler would be closed whenever it is collected).
+        events = self.metrics.observe(self.generator.generate(request_from_proto(request)),
+                                      "grpc")
+        async with aclosing(events):
+            async for event in events:
+                await context.write(event_to_proto(event))
 
-    def Tokenize(self, request: pb.TokenizeRequest,
-                 context: grpc.ServicerContext) -> pb.TokenizeResponse:
-        token_ids, model = self.generator.tokenize(tokenize_request_from_proto(request))
+    async def Tokenize(self, request: pb.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        token_ids, model = await asyncio.to_thread(
+            self.generator.tokenize, tokenize_request_from_proto(request))
         return pb.TokenizeResponse(token_ids=token_ids, max_model_len=model.max_model_len)
 
-    def ListModels(self, request: pb.ListModelsRequest,
-                   context: grpc.ServicerContext) -> pb.ListModelsResponse:
+    async def ListModels(self, request: pb.ListModelsRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
         models = self.generator.directory.models
         return pb.ListModelsResponse(models=[
             pb.ModelInfo(id=model.name, max_model_len=model.max_model_len,

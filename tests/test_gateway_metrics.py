@@ -2,6 +2,8 @@
 outcome, and the token and latency series follow the events."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from prometheus_client import generate_latest
 
@@ -11,7 +13,7 @@ from gateway.metrics import GatewayMetrics
 from pagedserve.common import errors
 
 
-def stream(*finishes: str | None, fail: Exception | None = None):
+async def stream(*finishes: str | None, fail: Exception | None = None):
     """A request's events: two tokens per choice, then the given finish reasons."""
     yield GenerationEvent([ChoiceDelta(i, "ab", [1, 2]) for i in range(len(finishes))],
                           model="m", request_id="r")
@@ -20,6 +22,13 @@ def stream(*finishes: str | None, fail: Exception | None = None):
     yield GenerationEvent([ChoiceDelta(i, "c", [3], finish_reason=reason)
                            for i, reason in enumerate(finishes)],
                           usage=Usage(5, 3 * len(finishes), 4))
+
+
+def observed(metrics: GatewayMetrics, events, api: str) -> list[GenerationEvent]:
+    """Every event `observe` passes on, iterated to the end as a server would."""
+    async def collect() -> list[GenerationEvent]:
+        return [event async for event in metrics.observe(events, api)]
+    return asyncio.run(collect())
 
 
 def count(metrics: GatewayMetrics, name: str, **labels) -> float:
@@ -32,7 +41,7 @@ def count(metrics: GatewayMetrics, name: str, **labels) -> float:
 ])
 def test_a_stream_that_ends_is_counted_by_its_finish_reasons(finishes, outcome):
     metrics = GatewayMetrics()
-    assert len(list(metrics.observe(stream(*finishes), "grpc"))) == 2
+    assert len(observed(metrics, stream(*finishes), "grpc")) == 2
     assert count(metrics, "pagedserve_gateway_requests_total", api="grpc",
                  outcome=outcome) == 1
     assert count(metrics, "pagedserve_gateway_prompt_tokens_total") == 5
@@ -52,7 +61,7 @@ def test_a_stream_that_ends_is_counted_by_its_finish_reasons(finishes, outcome):
 def test_a_stream_that_raises_is_counted_by_the_error(error, outcome):
     metrics = GatewayMetrics()
     with pytest.raises(type(error)):
-        list(metrics.observe(stream("stop", fail=error), "http"))
+        observed(metrics, stream("stop", fail=error), "http")
     assert count(metrics, "pagedserve_gateway_requests_total", api="http",
                  outcome=outcome) == 1
 
@@ -60,10 +69,14 @@ def test_a_stream_that_raises_is_counted_by_the_error(error, outcome):
 def test_a_client_that_stops_reading_is_cancelled_and_its_stream_closed():
     metrics = GatewayMetrics()
     events = stream("stop")
-    observed = metrics.observe(events, "http")
-    next(observed)
-    observed.close()
-    assert events.gi_frame is None, "the generation itself was closed"
+
+    async def read_one_then_leave() -> None:
+        passed_on = metrics.observe(events, "http")
+        await anext(passed_on)
+        await passed_on.aclose()
+
+    asyncio.run(read_one_then_leave())
+    assert events.ag_frame is None, "the generation itself was closed"
     assert count(metrics, "pagedserve_gateway_requests_total", api="http",
                  outcome="cancelled") == 1
     assert count(metrics, "pagedserve_gateway_prompt_tokens_total") == 0

@@ -48,7 +48,11 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = continuation(details)
+        return self._checked(continuation(details), details)
+
+    def _checked(self, handler: grpc.RpcMethodHandler | None,
+                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        """The handler itself, or one that refuses the call when its token is not ours."""
         if handler is None or details.method.startswith(OPEN_METHOD_PREFIXES):
             return handler
         reason = bearer_refusal(dict(details.invocation_metadata or ()).get("authorization"),
@@ -56,13 +60,28 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         if reason is None:
             return handler
         message = f"{reason}; {self._hint}"
+        refuse = self._refusal(message)
+        return wrap_handler(handler, lambda _behaviour, _streams: refuse)
 
-        def wrap(_: Behaviour, __: bool) -> Behaviour:
-            def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-                raise Unauthenticated(message)  # mapped by the ErrorInterceptor around us
-            return refuse
+    @staticmethod
+    def _refusal(message: str) -> Behaviour:
+        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+            raise Unauthenticated(message)  # mapped by the ErrorInterceptor around us
+        return refuse
 
-        return wrap_handler(handler, wrap)
+
+class AsyncBearerTokenInterceptor(BearerTokenInterceptor, grpc.aio.ServerInterceptor):
+    """The same check on a grpc.aio server, inside its AsyncErrorInterceptor."""
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails
+                                ) -> grpc.RpcMethodHandler | None:
+        return self._checked(await continuation(details), details)
+
+    @staticmethod
+    def _refusal(message: str) -> Behaviour:
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            raise Unauthenticated(message)
+        return refuse
 
 
 class _ClientCallDetails(grpc.ClientCallDetails):

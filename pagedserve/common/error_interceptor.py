@@ -7,13 +7,18 @@ traceback in the client's face. It also sets the request id that every log line 
 A request that does not parse as its method's message (bytes that are not the message, a string
 field that is not UTF-8) is the caller's mistake too: INVALID_ARGUMENT, where grpc alone would
 answer INTERNAL "Exception deserializing request!".
+
+ErrorInterceptor serves the synchronous servers (allocator, executor); AsyncErrorInterceptor
+does the same on a grpc.aio server (the gateway), where behaviours are coroutines or async
+generators and `context.abort` is awaited.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -48,8 +53,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(details)
         if handler is None:
             return None
-        call_id = next((value for key, value in details.invocation_metadata or ()
-                        if key == "x-request-id"), None) or _new_request_id()
+        call_id = _call_id(details)
 
         def wrap(behaviour: Behaviour, streams_response: bool) -> Behaviour:
             def guarded(request: Any, context: grpc.ServicerContext) -> Any:
@@ -75,6 +79,47 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return guarded_stream if streams_response else guarded
 
         return wrap_handler(handler, wrap, _lenient)
+
+
+class AsyncErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails
+                                ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        call_id = _call_id(details)
+        # grpc.aio runs every call in a task of its own, so the request id set here stays
+        # with this call and needs no reset.
+
+        def wrap(behaviour: Behaviour, streams_response: bool) -> Behaviour:
+            async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                request_id.set(call_id)
+                try:
+                    _refuse_undecodable(request, details.method)
+                    return await behaviour(request, context)
+                except Exception as error:  # noqa: BLE001 - this is the one place that maps them
+                    await _abort_async(context, error, details.method, call_id)
+
+            async def guarded_stream(request: Any, context: grpc.aio.ServicerContext
+                                     ) -> AsyncIterator[Any]:
+                request_id.set(call_id)
+                try:
+                    _refuse_undecodable(request, details.method)
+                    async for response in behaviour(request, context):
+                        yield response
+                except Exception as error:  # noqa: BLE001
+                    await _abort_async(context, error, details.method, call_id)
+
+            # A streaming behaviour is an async generator, or a coroutine that writes with
+            # `context.write`; the wrapper must be of the same kind.
+            return guarded_stream if inspect.isasyncgenfunction(behaviour) else guarded
+
+        return wrap_handler(handler, wrap, _lenient)
+
+
+def _call_id(details: grpc.HandlerCallDetails) -> str:
+    return next((value for key, value in details.invocation_metadata or ()
+                 if key == "x-request-id"), None) or _new_request_id()
 
 
 class _Undecodable:
@@ -117,3 +162,14 @@ def _abort(context: grpc.ServicerContext, error: Exception, method: str, call_id
     log.exception("%s failed with an unexpected error", method)
     context.abort(grpc.StatusCode.INTERNAL,
                   f"internal error in {method} (request id {call_id}); see the server log")
+
+
+async def _abort_async(context: grpc.aio.ServicerContext, error: Exception, method: str,
+                       call_id: str) -> None:
+    if isinstance(error, errors.PagedServeError):
+        await context.abort(status_of(error), str(error))
+    if isinstance(error, grpc.aio.AbortError):   # the servicer aborted the call itself
+        raise error
+    log.exception("%s failed with an unexpected error", method)
+    await context.abort(grpc.StatusCode.INTERNAL,
+                        f"internal error in {method} (request id {call_id}); see the server log")

@@ -39,6 +39,38 @@ class ServerOptions:
     grace_s: float = 5.0
 
 
+SERVER_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                          ("grpc.so_reuseport", 0)]
+
+
+def bind(server: grpc.Server | grpc.aio.Server, options: ServerOptions) -> int:
+    """Listens on the options' address (TLS when a certificate is given); the port it got."""
+    address = f"{options.host}:{options.port}"
+    try:
+        if options.tls_cert or options.tls_key:
+            port = server.add_secure_port(address, tls_credentials(options))
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # newer grpcio raises where older ones return 0
+        port = 0
+    if port == 0:
+        raise SystemExit(f"cannot listen on {address} (port in use, or no such interface)")
+    return port
+
+
+def tls_credentials(options: ServerOptions) -> grpc.ServerCredentials:
+    if not (options.tls_cert and options.tls_key):
+        raise SystemExit("TLS needs both --tls-cert and --tls-key")
+    return grpc.ssl_server_credentials([(
+        Path(options.tls_key).read_bytes(), Path(options.tls_cert).read_bytes())])
+
+
+def health_status(serving: bool) -> int:
+    return (health_pb2.HealthCheckResponse.SERVING if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
 class GrpcService:
     def __init__(self, options: ServerOptions, service_names: Sequence[str],
                  add_servicers: Callable[[grpc.Server], None],
@@ -53,41 +85,18 @@ class GrpcService:
             interceptors.append(auth)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=options.max_workers),
-            interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)])
+            interceptors=interceptors, options=SERVER_CHANNEL_OPTIONS)
         add_servicers(self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
-        self.port = self._bind()
+        self.port = bind(self.server, options)
         self.set_serving(False)
         self._stopped = threading.Event()
 
-    def _bind(self) -> int:
-        address = f"{self.options.host}:{self.options.port}"
-        try:
-            if self.options.tls_cert or self.options.tls_key:
-                port = self.server.add_secure_port(address, self._tls_credentials())
-            else:
-                port = self.server.add_insecure_port(address)
-        except RuntimeError:  # newer grpcio raises where older ones return 0
-            port = 0
-        if port == 0:
-            raise SystemExit(f"cannot listen on {address} (port in use, or no such interface)")
-        return port
-
-    def _tls_credentials(self) -> grpc.ServerCredentials:
-        if not (self.options.tls_cert and self.options.tls_key):
-            raise SystemExit("TLS needs both --tls-cert and --tls-key")
-        return grpc.ssl_server_credentials([(
-            Path(self.options.tls_key).read_bytes(), Path(self.options.tls_cert).read_bytes())])
-
     def set_serving(self, serving: bool) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if serving
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = health_status(serving)
         for name in ("", *self.service_names):
             self.health.set(name, status)
 
