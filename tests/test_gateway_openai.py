@@ -158,3 +158,27 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(stack):
     wait_for(lambda: used_blocks(allocator) == 0)
     audit = pagedctl_audit(allocator)
     assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout
+
+
+def test_a_client_that_gives_up_on_a_whole_response_has_it_cancelled(stack):
+    """Not streaming: the gateway notices the disconnect while it collects, cancels the
+    generation (counted as cancelled, not run to its end) and the blocks are freed."""
+    allocator, gateway = stack
+
+    def cancelled() -> float:
+        text = httpx.get(f"{gateway.http_url}/metrics").text
+        line = next((line for line in text.splitlines() if line.startswith(
+            'pagedserve_gateway_requests_total{api="http",outcome="cancelled"}')), None)
+        return float(line.split()[-1]) if line else 0.0
+
+    before = cancelled()
+    with httpx.Client(timeout=httpx.Timeout(60, read=2.0)) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post(f"{gateway.http_url}/v1/completions",
+                      headers={"authorization": f"Bearer {KEY}"},
+                      json={"model": MODEL, "prompt": "go on", "max_tokens": 3000,
+                            "ignore_eos": True})
+    wait_for(lambda: cancelled() == before + 1)
+    wait_for(lambda: used_blocks(allocator) == 0)
+    audit = pagedctl_audit(allocator)
+    assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout

@@ -4,6 +4,9 @@ Lifecycle, in order:
     start()            health NOT_SERVING while the service warms up
     set_serving(True)  once the core is ready
     SIGTERM / SIGINT   health NOT_SERVING → server.stop(grace) → the service's own shutdown
+
+The gateway, whose calls are coroutines, uses the grpc.aio counterpart in aio_server.py; the
+binding, TLS and health helpers here serve both.
 """
 from __future__ import annotations
 
