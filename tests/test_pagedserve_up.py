@@ -2,6 +2,7 @@
 shows the pools, and stops them in order: gateway, executors, allocator."""
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -33,7 +34,10 @@ def test_up_starts_the_stack_streams_a_demo_and_stops_in_order() -> None:
     assert "pagedserve is up:" in out
     executors_line = next(line for line in out.splitlines() if "  executors  " in line)
     assert executors_line.count("127.0.0.1:") == 2
-    assert "(48 tokens from a 5-token prompt)" in out, "the demo streamed through the gateway"
+    # The demo samples (temperature 1) from random weights: about one run in eight draws the
+    # end-of-sequence token before its 48 tokens.
+    streamed = re.search(r"\((\d+) tokens from a 5-token prompt\)", out)
+    assert streamed and 1 <= int(streamed[1]) <= 48, "the demo streamed through the gateway"
     assert "total " in out and out.count("    8192 ") >= 2, "pagedctl stats shows both pools"
     order = shutdown_order(out)
     assert order[0] == "gateway" and order[-1] == "allocator"
