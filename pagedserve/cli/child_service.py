@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,7 +55,10 @@ class ChildService:
             elif HTTP_API in line and not self.http_url:
                 self.http_url = line.rsplit(" ", 1)[-1]
             if self.echo:
-                print(f"[{self.name}] {line}", flush=True)
+                # One write per line: print() writes the text and the newline separately, and
+                # the children's pumps run at once, so two lines could run together.
+                sys.stdout.write(f"[{self.name}] {line}\n")
+                sys.stdout.flush()
 
     @property
     def exited(self) -> bool:
