@@ -31,7 +31,8 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
     model_config = ModelConfig.from_dir(directory, max_model_len=config.engine.max_model_len)
     tokenizer = load_tokenizer_files(directory, model_config.vocab_size)
     allocator = RemoteBlockAllocator(config.allocator, executor_id, address,
-                                     token=config.allocator_token)
+                                     token=config.allocator_token,
+                                     tls_ca=config.allocator_tls_ca)
     engine = build_engine(directory, config.engine, allocator)
     loop = ServingLoop(engine)
     model = engine.model.config

@@ -22,6 +22,8 @@ class ExecutorConfig:
     server: ServerOptions
     allocator: str
     allocator_token: str
+    # PEM CA bundle that verifies a TLS allocator; empty: the allocator channel is plaintext.
+    allocator_tls_ca: str
     executor_id: str
     advertise_address: str
     model: Path | None            # None: the embedded default
@@ -47,8 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
                         help=f"the allocator's HOST:PORT (env {ENV_PREFIX}_ALLOCATOR)")
-    parser.add_argument("--allocator-token", default=env_or("PAGEDSERVE_AUTH_TOKEN", ""),
-                        help="bearer token for the allocator (env PAGEDSERVE_AUTH_TOKEN)")
+    parser.add_argument("--allocator-token", default="",
+                        help="bearer token for the allocator (default: --auth-token, the "
+                             "services' shared token)")
+    parser.add_argument("--tls-ca", default=env("TLS_CA", ""),
+                        help="PEM CA bundle to verify the allocator's TLS; without it the "
+                             f"allocator is reached in plaintext (env {ENV_PREFIX}_TLS_CA)")
     parser.add_argument("--executor-id", default=env("ID", ""),
                         help="id to register under (default: HOSTNAME-PORT) "
                              f"(env {ENV_PREFIX}_ID)")
@@ -136,8 +142,10 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         lookahead_slots=args.lookahead_slots,
         sampler_seed=None if args.seed < 0 else args.seed)
     return ExecutorConfig(
-        server=server, allocator=args.allocator, allocator_token=args.allocator_token,
-        executor_id=args.executor_id, advertise_address=args.advertise_address,
+        server=server, allocator=args.allocator,
+        allocator_token=args.allocator_token or args.auth_token,
+        allocator_tls_ca=args.tls_ca, executor_id=args.executor_id,
+        advertise_address=args.advertise_address,
         model=Path(args.model) if args.model else None,
         served_model_name=args.served_model_name, engine=engine,
         log_level=args.log_level)

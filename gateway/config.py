@@ -11,8 +11,6 @@ from pagedserve.common.server import ServerOptions
 DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
 ENV_PREFIX = "PAGEDSERVE_GATEWAY"
-# Threads beyond one per running or queued request, for Tokenize, ListModels and health.
-SPARE_WORKERS = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="pagedserve gateway: text in, text out; routes to executors by KV overlap")
     add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT,
                      token_help="the services' shared token, presented to the allocator and "
-                                "the executors (clients use --api-key)")
+                                "the executors (clients use --api-key)",
+                     worker_threads=False)
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
                         help="the allocator's HOST:PORT; executors are discovered through it "
@@ -80,9 +79,7 @@ def parse_config(argv: Sequence[str] | None = None) -> GatewayConfig:
     server = server_options(args)
     # --auth-token (PAGEDSERVE_AUTH_TOKEN) is the services' shared token: the gateway presents
     # it to the allocator and executors. Its own clients authenticate with API keys instead.
-    server = replace(server, auth_token="",
-                     max_workers=max(server.max_workers,
-                                     args.max_running + args.max_queued + SPARE_WORKERS))
+    server = replace(server, auth_token="")
     return GatewayConfig(server=server, allocator=args.allocator,
                          service_token=args.auth_token, tls_ca=args.tls_ca,
                          max_running=args.max_running, max_queued=args.max_queued,

@@ -54,8 +54,10 @@ class ServiceProcess:
 
     def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
                  env: dict[str, str] | None = None, stderr_lines: int = 500,
-                 wait_serving: bool = True) -> None:
-        """`wait_serving=False` returns once the service listens, SERVING or not."""
+                 wait_serving: bool = True, tls_ca: str = "") -> None:
+        """`wait_serving=False` returns once the service listens, SERVING or not. `tls_ca`:
+        the service serves TLS (pass its --tls-cert and --tls-key); our channels verify it."""
+        self.tls_ca = tls_ca
         self.args = [sys.executable, "-m", self.MODULE, "--host", "127.0.0.1",
                      "--port", "0", *extra_args]
         self._stderr: collections.deque[str] = collections.deque(maxlen=stderr_lines)
@@ -135,7 +137,7 @@ class ServiceProcess:
 
     def channel(self, token: str = "") -> grpc.Channel:
         """A new channel to the service, closed by `stop()`."""
-        channel = open_channel(self.target, token)
+        channel = open_channel(self.target, token, self.tls_ca)
         self._channels.append(channel)
         return channel
 
@@ -180,9 +182,10 @@ class ExecutorProcess(ServiceProcess):
     READY_PREFIX = "executor listening on "
 
     def __init__(self, *extra_args: str, startup_timeout_s: float = 90.0,
-                 env: dict[str, str] | None = None, stderr_lines: int = 500) -> None:
+                 env: dict[str, str] | None = None, stderr_lines: int = 500,
+                 tls_ca: str = "") -> None:
         super().__init__(*extra_args, startup_timeout_s=startup_timeout_s, env=env,
-                         stderr_lines=stderr_lines)
+                         stderr_lines=stderr_lines, tls_ca=tls_ca)
 
 
 class GatewayProcess(ServiceProcess):
@@ -196,11 +199,11 @@ class GatewayProcess(ServiceProcess):
 
     def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
                  env: dict[str, str] | None = None, stderr_lines: int = 500,
-                 wait_serving: bool = True) -> None:
+                 wait_serving: bool = True, tls_ca: str = "") -> None:
         if "--http-port" not in extra_args:
             extra_args = (*extra_args, "--http-port", "0")
         super().__init__(*extra_args, startup_timeout_s=startup_timeout_s, env=env,
-                         stderr_lines=stderr_lines, wait_serving=wait_serving)
+                         stderr_lines=stderr_lines, wait_serving=wait_serving, tls_ca=tls_ca)
         try:
             self.http_url = self._read_line(self.HTTP_PREFIX, startup_timeout_s)
         except BaseException:

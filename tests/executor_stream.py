@@ -77,7 +77,8 @@ def used_blocks(allocator: AllocatorProcess, token: str = "") -> int:
 def pagedctl_audit(allocator: AllocatorProcess, token: str = ""
                    ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pagedserve.cli.pagedctl", "--target",
-                           allocator.target, "--token", token, "audit"], capture_output=True,
+                           allocator.target, "--token", token, "--tls-ca", allocator.tls_ca,
+                           "audit"], capture_output=True,
                           text=True,
                           timeout=60, env=hermetic_env())
 

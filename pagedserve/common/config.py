@@ -20,9 +20,10 @@ TOKEN_HELP = "bearer token every non-health call must carry"
 
 
 def add_server_flags(parser: argparse.ArgumentParser, prefix: str, default_port: int,
-                     token_help: str = TOKEN_HELP) -> None:
+                     token_help: str = TOKEN_HELP, worker_threads: bool = True) -> None:
     """Flags every service shares: where to listen, auth, TLS, workers, logging. `token_help`
-    says what the shared token means to this service."""
+    says what the shared token means to this service; a service on an event loop (the gateway)
+    has no worker threads to size."""
     parser.add_argument("--host", default=env_or(f"{prefix}_HOST", "127.0.0.1"),
                         help=f"interface to listen on (env {prefix}_HOST)")
     parser.add_argument("--port", type=int, default=env_or(f"{prefix}_PORT", default_port),
@@ -34,18 +35,21 @@ def add_server_flags(parser: argparse.ArgumentParser, prefix: str, default_port:
                              f"(env {prefix}_TLS_CERT)")
     parser.add_argument("--tls-key", default=env_or(f"{prefix}_TLS_KEY", ""),
                         help=f"PEM private key for --tls-cert (env {prefix}_TLS_KEY)")
-    parser.add_argument("--max-workers", type=int, default=env_or(f"{prefix}_MAX_WORKERS", 16),
-                        help=f"threads serving RPCs (env {prefix}_MAX_WORKERS)")
+    if worker_threads:
+        parser.add_argument("--max-workers", type=int,
+                            default=env_or(f"{prefix}_MAX_WORKERS", 16),
+                            help=f"threads serving RPCs (env {prefix}_MAX_WORKERS)")
     parser.add_argument("--log-level", default=env_or(f"{prefix}_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help=f"log verbosity (env {prefix}_LOG_LEVEL)")
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
-    if args.max_workers < 1:
+    max_workers = getattr(args, "max_workers", ServerOptions().max_workers)
+    if max_workers < 1:
         raise SystemExit("--max-workers must be at least 1")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"--port must be between 0 (pick a free one) and 65535, got {args.port}")
     return ServerOptions(host=args.host, port=args.port, auth_token=args.auth_token,
                          tls_cert=args.tls_cert, tls_key=args.tls_key,
-                         max_workers=args.max_workers)
+                         max_workers=max_workers)
