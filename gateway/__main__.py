@@ -60,7 +60,7 @@ async def serve(config: GatewayConfig) -> int:
     metrics = GatewayMetrics()
     metrics.watch_admission(admission)
     metrics.registry.register(ClusterCollector(allocator, directory))
-    servicer = GatewayServicer(generator, metrics)
+    servicer = GatewayServicer(generator, metrics, config.api_keys)
     auth = (AsyncBearerTokenInterceptor(config.api_keys, API_KEY_HINT) if config.api_keys
             else None)
     service = AsyncGrpcService(

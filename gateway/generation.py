@@ -35,6 +35,7 @@ from gateway.executor_link import LinkLost
 from gateway.executor_requests import sampling_to_proto
 from gateway.generation_request import GenerationRequest
 from gateway.prompt import generation_budget, prompt_token_ids
+from gateway.tenancy import scoped_salt
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.common import errors
@@ -88,16 +89,20 @@ class Generator:
         model = self.model(request.model)
         return prompt_token_ids(request, model), model
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: GenerationRequest, tenant: str = ""
+                       ) -> AsyncIterator[GenerationEvent]:
+        """`tenant` (gateway/tenancy.py) scopes the request's prefix cache."""
         prompt, model = await asyncio.to_thread(self.tokenize, request)
         max_tokens = generation_budget(request, len(prompt), model)
         sampling = replace(request.sampling, max_tokens=max_tokens)
         sampling.validate(model.vocab_size)
+        salt = scoped_salt(tenant, request.cache_salt)
         async with self.admission.slot():
-            async for event in self._serve(request, model, prompt, sampling):
+            async for event in self._serve(request, model, prompt, sampling, salt):
                 yield event
 
-    async def _serve(self, request, model, prompt, sampling) -> AsyncIterator[GenerationEvent]:
+    async def _serve(self, request, model, prompt, sampling, salt: str
+                     ) -> AsyncIterator[GenerationEvent]:
         request_id = new_request_id()
         choices = [ChoiceStream(index, model.tokenizer, prompt, request.stop,
                                 not request.keep_special_tokens)
@@ -105,11 +110,10 @@ class Generator:
         first = GenerationEvent(model=model.name, request_id=request_id)
         tried: set[str] = set()
         for attempt in range(ATTEMPTS):
-            entry = await self._route(model, prompt, request.cache_salt, tried)
+            entry = await self._route(model, prompt, salt, tried)
             tried.add(entry.executor_id)
             link = entry.link
-            updates = link.submit(request_id, prompt, sampling_to_proto(sampling),
-                                  request.cache_salt)
+            updates = link.submit(request_id, prompt, sampling_to_proto(sampling), salt)
             sent_tokens = False
             held = GenerationEvent()
             executor_done = False

@@ -37,6 +37,7 @@ from gateway.openai_errors import error_body, http_status_of
 from gateway.openai_requests import (
     OpenAIParamError, OpenAIRequest, param_of, parse_chat_request, parse_completion_request)
 from gateway.openai_responses import OpenAIResponder, error_of
+from gateway.tenancy import tenant_of
 from pagedserve.common.auth import bearer_refusal
 from pagedserve.common.errors import (
     InvalidArgument, NotFound, PagedServeError, Unauthenticated, Unavailable)
@@ -101,7 +102,9 @@ class OpenAIHttpApi:
             parsed: OpenAIRequest = parse(await _read_json(request))
         except Exception as error:  # noqa: BLE001 - every refusal becomes an OpenAI error body
             return _error_response(error)
-        events = self.metrics.observe(self.generator.generate(parsed.generation), "http")
+        tenant = tenant_of(request.headers.get("authorization"), self.api_keys)
+        events = self.metrics.observe(self.generator.generate(parsed.generation, tenant),
+                                      "http")
         try:
             first = await _unless_disconnected(request, anext(events, None))
         except ClientGone:

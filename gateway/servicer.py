@@ -3,6 +3,7 @@ the Generator, proto out."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from contextlib import aclosing
 
 import grpc
@@ -10,22 +11,27 @@ import grpc
 from gateway.convert import event_to_proto, request_from_proto, tokenize_request_from_proto
 from gateway.generation import Generator
 from gateway.metrics import GatewayMetrics
+from gateway.tenancy import tenant_of
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 
 
 class GatewayServicer(pb_grpc.GatewayServicer):
-    def __init__(self, generator: Generator, metrics: GatewayMetrics) -> None:
+    def __init__(self, generator: Generator, metrics: GatewayMetrics,
+                 api_keys: Sequence[str] = ()) -> None:
         self.generator = generator
         self.metrics = metrics
+        self.api_keys = tuple(api_keys)   # checked by the interceptor; here they name tenants
 
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> None:
         # Written with context.write rather than yielded: a client that cancels cancels this
         # task, and `aclosing` then closes the event stream here, at once, which cancels the
         # executor request (a yielding handler would be closed whenever it is collected).
-        events = self.metrics.observe(self.generator.generate(request_from_proto(request)),
-                                      "grpc")
+        tenant = tenant_of(dict(context.invocation_metadata() or ()).get("authorization"),
+                           self.api_keys)
+        events = self.metrics.observe(
+            self.generator.generate(request_from_proto(request), tenant), "grpc")
         async with aclosing(events):
             async for event in events:
                 await context.write(event_to_proto(event))

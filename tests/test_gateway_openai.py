@@ -182,3 +182,29 @@ def test_a_client_that_gives_up_on_a_whole_response_has_it_cancelled(stack):
     wait_for(lambda: used_blocks(allocator) == 0)
     audit = pagedctl_audit(allocator)
     assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout
+
+
+def test_one_tenants_prefix_cache_is_invisible_to_another(stack):
+    """Each API key is a tenant: a prompt another key's requests cached counts no cached
+    tokens, even under the same cache_salt; a tenant's own repeat does, on HTTP and gRPC."""
+    _, gateway = stack
+    prompt = "a long shared system prompt that fills more than one block " * 3
+
+    def cached(key: str, salt: str = "") -> int:
+        with openai.OpenAI(base_url=f"{gateway.http_url}/v1", api_key=key, max_retries=0,
+                           timeout=60) as client:
+            usage = client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=2, temperature=0,
+                extra_body={"cache_salt": salt} if salt else None).usage
+        return usage.prompt_tokens_details.cached_tokens
+
+    assert cached(KEY, salt="team") == 0
+    assert cached(KEY, salt="team") > 0                 # its own repeat hits
+    assert cached("other-key", salt="team") == 0        # same salt, other tenant: nothing
+    assert cached("other-key") == 0
+    assert cached("other-key") > 0
+    stub = pb_grpc.GatewayStub(gateway.channel())
+    last = list(stub.Generate(pb.GenerateRequest(text=prompt, sampling=pb.SamplingOptions(
+        temperature=0, max_tokens=2)), timeout=60,
+        metadata=[("authorization", "Bearer other-key")]))[-1]
+    assert last.usage.cached_tokens > 0                 # the same tenant through gRPC
