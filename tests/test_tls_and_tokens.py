@@ -68,27 +68,14 @@ def test_a_generation_crosses_every_hop_over_tls(stack, certificates):
 @pytest.mark.parametrize("service", ["allocator", "executor", "gateway"])
 def test_a_plaintext_caller_is_refused(stack, service):
     target = stack[["allocator", "executor", "gateway"].index(service)].target
-    channel = open_channel(target)
-    try:
-        with pytest.raises(grpc.RpcError) as refused:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                      timeout=5)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        channel.close()
+    assert health_check_refusal(open_channel(target)) == grpc.StatusCode.UNAVAILABLE
 
 
 def test_a_caller_that_trusts_another_ca_is_refused(stack, tmp_path):
     _, _, gateway = stack
     stranger = make_certificates(tmp_path / "stranger")
-    channel = open_channel(gateway.target, tls_ca=str(stranger.ca))
-    try:
-        with pytest.raises(grpc.RpcError) as refused:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                      timeout=5)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        channel.close()
+    assert health_check_refusal(open_channel(gateway.target, tls_ca=str(stranger.ca))) \
+        == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{gateway.http_url}/health", verify=trusting(stranger.ca))
     with pytest.raises(httpx.HTTPError):   # plaintext HTTP to the TLS port
@@ -134,3 +121,14 @@ def test_the_gateway_wants_an_api_key_on_grpc_and_http(stack, certificates, key)
 def trusting(ca) -> ssl.SSLContext:
     """What an HTTPS client verifies the gateway with: this CA only."""
     return ssl.create_default_context(cafile=str(ca))
+
+
+def health_check_refusal(channel: grpc.Channel) -> grpc.StatusCode:
+    """The status a health check on `channel` fails with (then the channel is closed)."""
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                      timeout=5)
+        return refused.value.code()
+    finally:
+        channel.close()
