@@ -49,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
                         help=f"the allocator's HOST:PORT (env {ENV_PREFIX}_ALLOCATOR)")
-    parser.add_argument("--allocator-token", default="",
+    parser.add_argument("--allocator-token", default=env("ALLOCATOR_TOKEN", ""),
                         help="bearer token for the allocator (default: --auth-token, the "
-                             "services' shared token)")
+                             f"services' shared token) (env {ENV_PREFIX}_ALLOCATOR_TOKEN)")
     parser.add_argument("--tls-ca", default=env("TLS_CA", ""),
                         help="PEM CA bundle to verify the allocator's TLS; without it the "
                              f"allocator is reached in plaintext (env {ENV_PREFIX}_TLS_CA)")
