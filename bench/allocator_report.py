@@ -1,7 +1,6 @@
 """What the allocator benchmark reports: the results table, the plot, its docs section."""
 from __future__ import annotations
 
-import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +155,5 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
         report.markdown_table(result_rows(r)),
     ]
     if png is not None:
-        relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
-        lines += ["", f"![allocator benchmark]({relative.as_posix()})"]
+        lines += ["", report.image_link(png, md, "allocator benchmark")]
     return "\n".join(lines)

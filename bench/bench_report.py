@@ -135,6 +135,12 @@ def replace_section(page: Path, heading: str, body: str) -> None:
     page.write_text(text)
 
 
+def image_link(png: Path, md: Path, alt: str) -> str:
+    """Markdown that shows `png` on the page `md`, by a path relative to the page."""
+    relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
+    return f"![{alt}]({relative.as_posix()})"
+
+
 def today() -> str:
     return datetime.date.today().isoformat()
 

@@ -5,7 +5,6 @@ Every latency comparison is a ratio to the memory allocator measured in the same
 """
 from __future__ import annotations
 
-import os
 import statistics
 import textwrap
 from collections.abc import Sequence
@@ -257,6 +256,5 @@ def section_body(r: Results, sizes: Sizes, png: Path | None, md: Path) -> str:
         report.markdown_grid(rec_header, rec_rows),
     ]
     if png is not None:
-        relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
-        lines += ["", f"![durability benchmark]({relative.as_posix()})"]
+        lines += ["", report.image_link(png, md, "durability benchmark")]
     return "\n".join(lines)

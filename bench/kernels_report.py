@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import textwrap
 from dataclasses import asdict, dataclass, field
@@ -225,8 +224,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
         report.markdown_grid(*prefill_grid(r)),
     ]
     if png is not None:
-        relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
-        lines += ["", f"![kernels benchmark]({relative.as_posix()})"]
+        lines += ["", report.image_link(png, md, "kernels benchmark")]
     return "\n".join(lines)
 
 

@@ -4,7 +4,6 @@ memory_plot.py."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import textwrap
 from dataclasses import dataclass
@@ -171,8 +170,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
         report.markdown_grid(*scheme_grid(r)),
     ]
     if png is not None:
-        relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
-        lines += ["", f"![memory benchmark]({relative.as_posix()})"]
+        lines += ["", report.image_link(png, md, "memory benchmark")]
     return "\n".join(lines)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,8 +215,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
         report.markdown_grid(*cpu_grid(r)),
     ]
     if png is not None:
-        relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
-        lines += ["", f"![serving benchmark]({relative.as_posix()})"]
+        lines += ["", report.image_link(png, md, "serving benchmark")]
     return "\n".join(lines)
 
 

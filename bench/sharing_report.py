@@ -5,7 +5,6 @@ numbers is sharing_text.py."""
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,8 +158,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
         *(textwrap.fill(paragraph, 100) + "\n" for paragraph in text.discussion(r)),
     ]
     if png is not None:
-        relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
-        lines += [f"![sharing benchmark]({relative.as_posix()})"]
+        lines += [report.image_link(png, md, "sharing benchmark")]
     return "\n".join(lines)
 
 

@@ -4,7 +4,6 @@ section of docs/benchmarks.md. The plot is throughput_plot.py."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import textwrap
 from dataclasses import dataclass, field
@@ -191,8 +190,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
     if mismatches:
         lines += ["", *(f"- {line}" for line in mismatches)]
     if png is not None:
-        relative = Path(os.path.relpath(png.resolve(), md.resolve().parent))
-        lines += ["", f"![throughput benchmark]({relative.as_posix()})"]
+        lines += ["", report.image_link(png, md, "throughput benchmark")]
     return "\n".join(lines)
 
 
