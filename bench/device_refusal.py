@@ -2,6 +2,8 @@
 benchmarks, which time our Triton kernels and must not time them interpreted."""
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from kernels.triton_support import interpreting
@@ -16,3 +18,12 @@ def refusal(device: str) -> str | None:
     if interpreting():
         return "TRITON_INTERPRET is set, so the engine's Triton kernels would be interpreted"
     return None
+
+
+def refused(script: str, device: str) -> bool:
+    """True, having said why on stderr, when `script` cannot honestly run on `device` here."""
+    why = refusal(device)
+    if why is not None:
+        print(f"{script} was asked for {device}, and {why}. Nothing was written.",
+              file=sys.stderr)
+    return why is not None

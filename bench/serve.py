@@ -45,7 +45,7 @@ import serve_report as report
 import torch
 from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
                           with_overrides)
-from device_refusal import refusal
+from device_refusal import refused
 from serve_engine_load import InProcessLoad
 from serve_gateway_load import GrpcLoad, HttpLoad
 from serve_metrics import Run
@@ -111,10 +111,7 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
-    why = refusal(settings.device)
-    if why is not None:
-        print(f"serve.py was asked for {settings.device}, and {why}. Nothing was written.",
-              file=sys.stderr)
+    if refused("serve.py", settings.device):
         return NO_GPU_EXIT
     out_md, out_png = output_paths(args, "serve_bench.png")
     # SIGTERM unwinds like Ctrl-C, so the stack is always stopped in order.

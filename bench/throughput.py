@@ -33,7 +33,7 @@ import throughput_report as report
 import torch
 from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
                           with_overrides)
-from device_refusal import refusal
+from device_refusal import refused
 from throughput_contenders import (CONTINUOUS, OURS, STATIC, build_ours, cache_tokens,
                                    continuous_config, load_transformers, run_continuous, run_ours,
                                    run_static)
@@ -95,10 +95,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
-    why = refusal(settings.device)
-    if why is not None:
-        print(f"throughput.py was asked for {settings.device}, and {why}. Nothing was written.",
-              file=sys.stderr)
+    if refused("throughput.py", settings.device):
         return NO_GPU_EXIT
     out_md, out_png = output_paths(args, "throughput_bench.png")
     with tempfile.TemporaryDirectory(prefix="pagedserve-throughput-") as scratch:
