@@ -10,6 +10,7 @@ from allocator_service.admin_servicer import AllocatorAdminServicer
 from allocator_service.allocator import Allocator
 from allocator_service.allocator_servicer import AllocatorServicer
 from allocator_service.config import AllocatorConfig, StateStoreOptions, parse_config
+from allocator_service.executor_identity import ExecutorIdentityInterceptor
 from allocator_service.state import AllocatorState
 from allocator_service.state_store import MemoryStore, StateStore, StoreUnreachable
 from pagedserve.allocator.v1 import allocator_pb2 as pb
@@ -66,7 +67,10 @@ def build_service(config: AllocatorConfig) -> tuple[GrpcService, AllocatorState]
         pb_grpc.add_AllocatorServicer_to_server(AllocatorServicer(state), server)
         pb_grpc.add_AllocatorAdminServicer_to_server(AllocatorAdminServicer(state), server)
 
-    service = GrpcService(config.server, SERVICE_NAMES, add_servicers)
+    auth = None
+    if config.executor_tokens is not None:
+        auth = ExecutorIdentityInterceptor(config.server.auth_token, config.executor_tokens)
+    service = GrpcService(config.server, SERVICE_NAMES, add_servicers, auth)
     state.on_availability = service.set_serving
     return service, state
 
@@ -93,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     threading.Thread(target=load_then_serve, name="state-loader", daemon=True).start()
     log.info("lease ttl %.1fs, auth %s, state in %s", config.lease_ttl_s,
-             "on" if config.server.auth_token else "off", state.store.description)
+             auth_description(config), state.store.description)
 
     def shut_down() -> None:
         stop.set()
@@ -101,6 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     service.run_until_signal(on_shutdown=shut_down)
     return 1 if failed.is_set() else 0
+
+
+def auth_description(config: AllocatorConfig) -> str:
+    if config.executor_tokens is not None:
+        return (f"shared token + own tokens of executors "
+                f"{', '.join(config.executor_tokens.executor_ids)}")
+    return "on" if config.server.auth_token else "off"
 
 
 def serve(state: AllocatorState, service: GrpcService, stop: threading.Event,

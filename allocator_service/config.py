@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from allocator_service.executor_tokens import ExecutorTokens, load_executor_tokens
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
 
@@ -30,6 +31,8 @@ class AllocatorConfig:
     step_log_size: int
     state: StateStoreOptions
     log_level: str
+    # Each executor's own token, binding its calls to its pool; None: the shared token only.
+    executor_tokens: ExecutorTokens | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
                         default=env_or(f"{ENV_PREFIX}_STEP_LOG_SIZE", 64),
                         help="recent step results kept per executor to answer retries "
                              f"(env {ENV_PREFIX}_STEP_LOG_SIZE)")
+    parser.add_argument("--executor-tokens", default=env_or(f"{ENV_PREFIX}_EXECUTOR_TOKENS", ""),
+                        help="file of 'EXECUTOR_ID TOKEN' lines: each executor calls with its "
+                             "own token (its --allocator-token) and may then register, renew "
+                             "and step only its own pool; needs --auth-token for everyone else "
+                             f"(env {ENV_PREFIX}_EXECUTOR_TOKENS)")
     durable = parser.add_argument_group("durability (Redis)")
     durable.add_argument("--state-url", default=env_or(f"{ENV_PREFIX}_STATE_URL", ""),
                          help="redis://[:PASSWORD@]HOST:PORT/DB (or rediss:// for TLS): journal "
@@ -84,11 +92,20 @@ def parse_config(argv: Sequence[str] | None = None) -> AllocatorConfig:
     if not 0.05 <= args.state_timeout <= 60:
         raise SystemExit(f"--state-timeout must be between 0.05 and 60 seconds, got "
                          f"{args.state_timeout}")
+    executor_tokens = None
+    if args.executor_tokens:
+        if not args.auth_token:
+            raise SystemExit("--executor-tokens needs --auth-token too: the gateway and "
+                             "operators call with the shared token")
+        try:
+            executor_tokens = load_executor_tokens(args.executor_tokens, args.auth_token)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
     state = StateStoreOptions(args.state_url, args.state_namespace, args.snapshot_every,
                               args.events_max, args.state_timeout)
     return AllocatorConfig(server=server_options(args), lease_ttl_s=args.lease_ttl,
                            step_log_size=args.step_log_size, state=state,
-                           log_level=args.log_level)
+                           log_level=args.log_level, executor_tokens=executor_tokens)
 
 
 def redacted(url: str) -> str:

@@ -55,13 +55,19 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         """The handler itself, or one that refuses the call when its token is not ours."""
         if handler is None or details.method.startswith(OPEN_METHOD_PREFIXES):
             return handler
-        reason = bearer_refusal(dict(details.invocation_metadata or ()).get("authorization"),
-                                self._tokens)
+        sent = dict(details.invocation_metadata or ()).get("authorization")
+        reason = bearer_refusal(sent, self._tokens)
         if reason is None:
-            return handler
+            return self._authorized(handler, details, sent)
         message = f"{reason}; {self._hint}"
         refuse = self._refusal(message)
         return wrap_handler(handler, lambda _behaviour, _streams: refuse)
+
+    def _authorized(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails,
+                    sent: str) -> grpc.RpcMethodHandler:
+        """The handler for a caller whose token was accepted: a subclass may narrow what that
+        token's holder may do (the allocator's per-executor tokens)."""
+        return handler
 
     @staticmethod
     def _refusal(message: str) -> Behaviour:

@@ -35,5 +35,9 @@ class Unauthenticated(PagedServeError):
     """Missing or wrong credentials."""
 
 
+class PermissionDenied(PagedServeError):
+    """The caller is who it says, but may not do this (an executor acting for another)."""
+
+
 class Unavailable(PagedServeError):
     """A dependency is down; retrying later may succeed."""
