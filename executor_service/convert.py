@@ -1,8 +1,9 @@
 """proto <-> domain conversions for the executor; nothing else lives here."""
 from __future__ import annotations
 
+from allocator_service.limits import Limits
 from executor_service.engine.request import RequestOutput
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import MAX_N, SamplingParams
 from executor_service.serving_loop import Refusal
 from pagedserve.common.error_interceptor import status_of
 from pagedserve.common.errors import InvalidArgument
@@ -11,7 +12,11 @@ from pagedserve.executor.v1 import executor_pb2 as pb
 FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
                   "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED,
                   "error": pb.FINISH_REASON_ERROR}
-MAX_REQUEST_ID = 256
+# A request's sequence ids are "<request_id>#<index>", and the allocator refuses a whole Step
+# (every request in it) over one id longer than its limit: the request id leaves room for the
+# longest suffix.
+MAX_SEQ_ID = Limits().max_id_length
+MAX_REQUEST_ID = MAX_SEQ_ID - len(f"#{MAX_N - 1}")
 DEFAULT_MAX_TOKENS = 16
 
 
@@ -37,8 +42,9 @@ def sampling_from_proto(message: pb.SamplingParams) -> SamplingParams:
 
 def check_request_id(request_id: str) -> None:
     if not 1 <= len(request_id) <= MAX_REQUEST_ID:
-        raise InvalidArgument(f"request_id must be 1 to {MAX_REQUEST_ID} characters, "
-                              f"got {len(request_id)}")
+        raise InvalidArgument(f"request_id must be 1 to {MAX_REQUEST_ID} characters (its "
+                              f"sequence ids must fit the allocator's {MAX_SEQ_ID}), got "
+                              f"{len(request_id)}")
 
 
 def update_to_proto(output: RequestOutput) -> pb.RequestUpdate:

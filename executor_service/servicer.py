@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from executor_service.convert import (check_request_id, refusal_to_proto, sampling_from_proto,
-                                      update_to_proto)
+from executor_service.convert import (MAX_SEQ_ID, check_request_id, refusal_to_proto,
+                                      sampling_from_proto, update_to_proto)
 from executor_service.engine.engine import Engine
 from executor_service.model.tokenizer_files import TokenizerFiles
 from executor_service.serving_loop import Refusal, ServingLoop, Session
@@ -83,12 +83,30 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
     def _submit(self, session: Session, submit: pb.SubmitRequest) -> None:
         try:
             check_request_id(submit.request_id)
+            self._check_fits_allocator(submit)
             params = sampling_from_proto(submit.sampling)
         except PagedServeError as error:
             session.updates.put([Refusal(submit.request_id, error)])
             return
         self.loop.submit(session, submit.request_id, list(submit.prompt_token_ids), params,
                          submit.cache_salt)
+
+    def _check_fits_allocator(self, submit: pb.SubmitRequest) -> None:
+        # What the allocator refuses, it refuses for a whole Step, failing every request in
+        # it: a submission it would refuse is refused here, alone.
+        if len(submit.cache_salt) > MAX_SEQ_ID:
+            raise InvalidArgument(f"cache_salt must be at most {MAX_SEQ_ID} characters, "
+                                  f"got {len(submit.cache_salt)}")
+        # A prompt within the context window (the engine checks that) that the whole KV cache
+        # cannot hold with the slots reserved ahead of it: the allocator would answer TOO_LARGE
+        # and the request fail as INTERNAL; refused here like a prompt over the window.
+        prompt, info = len(submit.prompt_token_ids), self.static_info
+        reserved = self.loop.engine.scheduler.config.lookahead_slots
+        slots = info.num_blocks * info.block_size
+        if prompt < info.max_model_len and prompt + reserved > slots:
+            raise InvalidArgument(
+                f"the prompt has {prompt} tokens (+{reserved} slots reserved ahead); this "
+                f"executor's KV cache holds {slots} token slots")
 
     def GetInfo(self, request: pb.GetInfoRequest,
                 context: grpc.ServicerContext) -> pb.ExecutorInfo:

@@ -7,6 +7,7 @@ import pytest
 from allocator_process import gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 from grpc import RpcError, StatusCode
+from oversized import OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE, oversized_channel
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
@@ -28,16 +29,21 @@ def sampling(**fields) -> pb.SamplingOptions:
     return pb.SamplingOptions(**fields)
 
 
-# (request, status, what the message must say); "LONG" stands for a prompt one token over the
-# context window, built once the window is known.
+# Stands for a prompt one token over the context window, built once the window is known.
+LONG_PROMPT = "'y' × max_model_len (one token past the window)"
+
+# (request, status, what the message must say)
 GRPC_CASES = {
     "empty prompt": (pb.GenerateRequest(text=""), StatusCode.INVALID_ARGUMENT,
                      "prompt must not be empty"),
     "no prompt": (pb.GenerateRequest(), StatusCode.INVALID_ARGUMENT, "give exactly one of"),
     "empty token ids": (pb.GenerateRequest(token_ids=pb.TokenIds()),
                         StatusCode.INVALID_ARGUMENT, "token ids must not be empty"),
-    "prompt over the context window": ("LONG", StatusCode.INVALID_ARGUMENT,
+    "prompt over the context window": (LONG_PROMPT, StatusCode.INVALID_ARGUMENT,
                                        "leaves no room to generate"),
+    "prompt over 4 Mi characters": (pb.GenerateRequest(text="y" * ((4 << 20) + 1)),
+                                    StatusCode.INVALID_ARGUMENT,
+                                    "prompt has 4194305 characters, more than 4194304"),
     "max_tokens 0": (pb.GenerateRequest(text="x", sampling=sampling(max_tokens=0)),
                      StatusCode.INVALID_ARGUMENT, "max_tokens must be >= 1"),
     "max_tokens past the window": (
@@ -65,6 +71,19 @@ GRPC_CASES = {
     "unknown chat role": (pb.GenerateRequest(chat=pb.ChatPrompt(
         messages=[pb.ChatMessage(role="wizard", content="hi")])),
         StatusCode.INVALID_ARGUMENT, "messages[0].role"),
+    "17 stop strings": (pb.GenerateRequest(text="x", stop=["s"] * 17),
+                        StatusCode.INVALID_ARGUMENT, "stop holds 17 strings, at most 16"),
+    "cache_salt over 256 characters": (pb.GenerateRequest(text="x", cache_salt="s" * 257),
+                                       StatusCode.INVALID_ARGUMENT,
+                                       "cache_salt must be at most 256 characters"),
+    "seed over 2**63": (pb.GenerateRequest(text="x", sampling=sampling(seed=2**64 - 1)),
+                        StatusCode.INVALID_ARGUMENT, "seed must be between 0 and 2**63-1"),
+    "top_k past the vocabulary": (
+        pb.GenerateRequest(text="x", sampling=sampling(top_k=10**6)),
+        StatusCode.INVALID_ARGUMENT, "top_k must be between 0 (off) and the vocabulary size"),
+    "stop token outside the vocabulary": (
+        pb.GenerateRequest(text="x", sampling=sampling(stop_token_ids=[99999])),
+        StatusCode.INVALID_ARGUMENT, "stop_token_ids must be in [0, 262), got 99999"),
 }
 
 
@@ -72,7 +91,7 @@ GRPC_CASES = {
 def test_grpc_bad_inputs_are_refused_by_name(stack, case):
     _, _, stub, max_model_len = stack
     request, status, message = GRPC_CASES[case]
-    if request == "LONG":
+    if request == LONG_PROMPT:
         request = pb.GenerateRequest(text="y" * max_model_len)
     with pytest.raises(RpcError) as caught:
         list(stub.Generate(request, metadata=AUTH, timeout=30))
@@ -80,22 +99,44 @@ def test_grpc_bad_inputs_are_refused_by_name(stack, case):
     assert message in caught.value.details()
 
 
-def test_grpc_text_that_is_not_utf8_is_invalid_argument(stack):
+# Generate requests as bytes on the wire: (body, status, what the message says). A field sent
+# with another wire type than its own is an unknown field to protobuf, so it reads as unset.
+GRPC_WIRE_CASES = {
+    "text not UTF-8": (b"\x12\x02\xff\xfe", StatusCode.INVALID_ARGUMENT,
+                       "String field had bad UTF-8"),
+    "text sent as a varint (wrong wire type)": (b"\x10\x05", StatusCode.INVALID_ARGUMENT,
+                                                "give exactly one of"),
+    "GenerateRequest that is not protobuf": (b"\x2a\x03\x08", StatusCode.INVALID_ARGUMENT,
+                                             "does not parse as its message"),
+    "message over the size limit": (OVERSIZED_INPUT, StatusCode.RESOURCE_EXHAUSTED,
+                                    OVERSIZED_MESSAGE),
+}
+
+
+@pytest.mark.parametrize("case", GRPC_WIRE_CASES)
+def test_grpc_bytes_that_are_no_valid_request_are_refused_by_status(stack, case):
     _, gateway, _, _ = stack
-    generate = gateway.channel().unary_stream(
-        "/pagedserve.gateway.v1.Gateway/Generate",
-        request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
-    # GenerateRequest field 2 (text), length 2, bytes that are no UTF-8.
-    with pytest.raises(RpcError) as caught:
-        list(generate(b"\x12\x02\xff\xfe", metadata=AUTH, timeout=10))
-    assert caught.value.code() == StatusCode.INVALID_ARGUMENT
-    assert "does not parse" in caught.value.details() and "UTF-8" in caught.value.details()
+    body, status, message = GRPC_WIRE_CASES[case]
+    if body == OVERSIZED_INPUT:
+        body = pb.GenerateRequest(text="y" * OVERSIZED_CHARS).SerializeToString()
+    with oversized_channel(gateway.target) as channel:
+        generate = channel.unary_stream(
+            "/pagedserve.gateway.v1.Gateway/Generate",
+            request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
+        with pytest.raises(RpcError) as caught:
+            list(generate(body, metadata=AUTH, timeout=30))
+    assert caught.value.code() == status
+    assert message in caught.value.details()
 
 
-# (endpoint, body: dict or raw bytes, status, message part, param)
+# Stands for a body past the HTTP server's limit, built by the test.
+BODY_OVER_LIMIT = "33 MiB of spaces (the limit is 32 MiB)"
+CHAT = [{"role": "user", "content": "x"}]
+
+# (endpoint, body: dict, raw bytes or a placeholder above, status, message part, param)
 HTTP_CASES = {
     "empty prompt": ("completions", {"prompt": ""}, 400, "prompt must not be empty", "prompt"),
-    "prompt over the window": ("completions", "LONG", 400, "leaves no room", None),
+    "prompt over the window": ("completions", LONG_PROMPT, 400, "leaves no room", None),
     "max_tokens 0": ("completions", {"prompt": "x", "max_tokens": 0}, 400,
                      "max_tokens must be >= 1", "max_tokens"),
     "max_tokens negative": ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
@@ -130,6 +171,32 @@ HTTP_CASES = {
                                    "tools": [{"type": "function"}]}, 400, "tools", "tools"),
     "batched prompts": ("completions", {"prompt": ["a", "b"]}, 400, "batched prompts",
                         "prompt"),
+    "negative token id": ("completions", {"prompt": [5, -3]}, 400, "prompt token_ids[1] = -3",
+                          "prompt"),
+    "n a boolean": ("completions", {"prompt": "x", "n": True}, 400,
+                    "n must be an integer, got a boolean", "n"),
+    "max_tokens a fraction": ("completions", {"prompt": "x", "max_tokens": 1.5}, 400,
+                              "max_tokens must be an integer, got a number", "max_tokens"),
+    "messages a string": ("chat/completions", {"messages": "hi"}, 400,
+                          "messages must be an array, got a string", "messages"),
+    "stop a number": ("completions", {"prompt": "x", "stop": 5}, 400,
+                      "stop must be a string or an array, got an integer", "stop"),
+    "logprobs absurd": ("completions", {"prompt": "x", "logprobs": 10**6}, 400,
+                        "logprobs must be between 0 and 20", "logprobs"),
+    "top_logprobs absurd": ("chat/completions", {"messages": CHAT, "logprobs": True,
+                                                 "top_logprobs": 1000}, 400,
+                            "top_logprobs must be between 0 and 20, got 1000", "top_logprobs"),
+    "seed negative": ("completions", {"prompt": "x", "seed": -1}, 400,
+                      "seed must be between 0 and 2**63-1, got -1", "seed"),
+    "temperature infinite": ("completions", b'{"prompt": "x", "temperature": 1e400}', 400,
+                             "temperature must be <= 100, got inf", "temperature"),
+    "max_tokens 10**30": ("completions", {"prompt": "x", "max_tokens": 10**30}, 400,
+                          "lower max_tokens to at most", None),
+    "JSON bomb in an ignored field": (
+        "chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "user": '
+        + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nests too deeply", None),
+    "body over the size limit": ("completions", BODY_OVER_LIMIT, 413,
+                                 "the request body is over 32 MiB", None),
 }
 
 
@@ -137,8 +204,10 @@ HTTP_CASES = {
 def test_http_bad_inputs_get_openai_errors(stack, case):
     _, gateway, _, max_model_len = stack
     endpoint, body, status, message, param = HTTP_CASES[case]
-    if body == "LONG":
+    if body == LONG_PROMPT:
         body = {"prompt": "y" * max_model_len}
+    elif body == BODY_OVER_LIMIT:
+        body = b" " * (33 << 20)
     url = f"{gateway.http_url}/v1/{endpoint}"
     headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
     if isinstance(body, bytes):
@@ -151,13 +220,6 @@ def test_http_bad_inputs_get_openai_errors(stack, case):
     assert error["param"] == param
     assert error["type"] == "invalid_request_error"
     assert error["code"] == ("model_not_found" if status == 404 else None)
-
-
-def test_http_body_over_the_limit_is_refused_before_it_is_read(stack):
-    _, gateway, _, _ = stack
-    response = httpx.post(f"{gateway.http_url}/v1/completions", content=b" " * (33 << 20),
-                          headers={"authorization": f"Bearer {KEY}"}, timeout=60)
-    assert response.status_code == 413 and "over 32 MiB" in response.text
 
 
 def test_after_all_that_the_gateway_serves_and_nothing_leaked(stack):
