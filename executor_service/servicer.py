@@ -13,6 +13,7 @@ from executor_service.convert import (MAX_SEQ_ID, check_request_id, refusal_to_p
 from executor_service.engine.engine import Engine
 from executor_service.model.tokenizer_files import TokenizerFiles
 from executor_service.serving_loop import Refusal, ServingLoop, Session
+from pagedserve.common.error_interceptor import Undecodable
 from pagedserve.common.errors import InvalidArgument, PagedServeError, Unavailable
 from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
@@ -69,6 +70,10 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         stream for its request id, the stream itself goes on."""
         try:
             for message in request_iterator:
+                if isinstance(message, Undecodable):
+                    session.updates.put([Refusal("", InvalidArgument(
+                        f"a SessionRequest does not parse: {message.error}"))])
+                    continue
                 kind = message.WhichOneof("kind")
                 if kind == "submit":
                     self._submit(session, message.submit)

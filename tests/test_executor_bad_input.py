@@ -154,11 +154,9 @@ OTHER_CASES = {
     "max_tokens past the window": (
         ON_STREAM, "500-token prompt, max_tokens 4000000000", "accepted",
         "FINISH_REASON_LENGTH at the window, after 12 tokens"),
-    # grpc decodes a stream's messages before any interceptor sees them, and answers one that
-    # does not parse with INTERNAL; INVALID_ARGUMENT would be right (docs/reliability.md).
     "Session message not UTF-8": (
-        CALL_STATUS, r"submit with request_id b'\xff\xfe'", StatusCode.INTERNAL,
-        "Exception deserializing request!"),
+        ON_STREAM, r"submit with request_id b'\xff\xfe'", StatusCode.INVALID_ARGUMENT,
+        "a SessionRequest does not parse"),
     "Session message over the size limit": (
         CALL_STATUS, OVERSIZED_INPUT, StatusCode.RESOURCE_EXHAUSTED, OVERSIZED_MESSAGE),
     "GetInfo body that does not parse": (
@@ -236,11 +234,23 @@ def raw_session(channel: grpc.Channel, message: bytes) -> grpc.RpcError:
     return caught.value
 
 
-def test_a_session_message_that_is_not_utf8_ends_that_stream_only(stack):
+def test_a_session_message_that_is_not_utf8_is_refused_and_the_stream_goes_on(stack):
+    up: queue.Queue = queue.Queue()
+    call = stack[1].channel().stream_stream(
+        SESSION, request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+        response_deserializer=pb.SessionResponse.FromString)(iter(up.get, None), timeout=60)
     # SessionRequest.submit (field 1) holding SubmitRequest.request_id (field 1) = ff fe.
-    error = raw_session(stack[1].channel(), b"\x0a\x04\x0a\x02\xff\xfe")
-    _, _, status, message = OTHER_CASES["Session message not UTF-8"]
-    assert (error.code(), error.details()) == (status, message)
+    up.put(b"\x0a\x04\x0a\x02\xff\xfe")
+    up.put(pb.SessionRequest(submit=submit(request_id="after-bad-bytes", max_tokens=2)))
+    finished = []
+    for response in call:
+        finished += [update for update in response.updates if update.finished]
+        if finished and finished[-1].request_id == "after-bad-bytes":
+            break
+    call.cancel()
+    refusal_of("Session message not UTF-8", finished[0])
+    assert "UTF-8" in finished[0].error
+    assert finished[1].error == "" and finished[1].usage.completion_tokens == 2
 
 
 def test_a_session_message_over_the_size_limit_is_resource_exhausted(stack):

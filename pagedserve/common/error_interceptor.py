@@ -123,8 +123,13 @@ def _call_id(details: grpc.HandlerCallDetails) -> str:
                  if key == "x-request-id"), None) or _new_request_id()
 
 
-class _Undecodable:
-    """Stands in for a request whose bytes did not parse, so the call can refuse it properly."""
+class Undecodable:
+    """Stands in for a request whose bytes did not parse, so the call can refuse it properly.
+
+    A call that takes one request is refused here (INVALID_ARGUMENT). A request stream yields
+    one in place of each message that did not parse, and the servicer decides: the executor's
+    Session refuses it on the stream and reads on. Without this, grpc itself ends the whole
+    call with INTERNAL "Exception deserializing request!"."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
@@ -135,12 +140,12 @@ def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         try:
             return deserialize(data)
         except Exception as error:  # noqa: BLE001 - protobuf raises DecodeError and others
-            return _Undecodable(error)
+            return Undecodable(error)
     return deserialize_or_mark
 
 
 def _refuse_undecodable(request: Any, method: str) -> None:
-    if isinstance(request, _Undecodable):
+    if isinstance(request, Undecodable):
         raise errors.InvalidArgument(
             f"the request to {method} does not parse as its message: {request.error}")
 

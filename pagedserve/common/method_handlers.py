@@ -25,10 +25,9 @@ def wrap_handler(handler: grpc.RpcMethodHandler,
                  wrap_deserializer: Callable[[Any], Any] | None = None
                  ) -> grpc.RpcMethodHandler:
     """`wrap(behaviour, streams_response)` returns the new behaviour; `wrap_deserializer`, if
-    given, the new request deserializer of a method that takes one request (not a stream)."""
+    given, the new request deserializer (of each message, for a method that takes a stream)."""
     deserializer = handler.request_deserializer
-    if wrap_deserializer is not None and deserializer is not None \
-            and not handler.request_streaming:
+    if wrap_deserializer is not None and deserializer is not None:
         deserializer = wrap_deserializer(deserializer)
     for attribute, build in _KINDS:
         behaviour = getattr(handler, attribute)
