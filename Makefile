@@ -14,7 +14,7 @@ PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
 PORT        ?= 50052
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs
+.PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs soak
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,11 +32,13 @@ protos: $(PROTOC_PY)
 check-protos: $(PROTOC_PY)
 	$(PROTOC_PY) scripts/gen_protos.py --check
 
-# Rewrites the generated references: docs/configuration.md from the argument parsers and
-# docs/api-grpc.md from the protos (tests fail when either is stale).
+# Rewrites the generated references: docs/configuration.md from the argument parsers,
+# docs/api-grpc.md from the protos and the bad-input table of docs/reliability.md from the
+# bad-input tests' cases (tests fail when any is stale).
 docs: $(INSTALLED) $(PROTOC_PY)
 	$(BIN)/python scripts/gen_config_reference.py
 	$(PROTOC_PY) scripts/gen_api_reference.py
+	$(BIN)/python scripts/gen_bad_input_table.py
 
 redis-server:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
@@ -57,6 +59,12 @@ bench: $(INSTALLED) redis-server
 	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/sharing.py
 	$(BIN)/python bench/serve.py
+
+# Ten minutes of mixed load through the whole stack, with random cancels and one allocator
+# kill -9 (bench/soak.py); stops by itself, fails when a block leaked, an answer was wrong or a
+# process's memory grew, and rewrites `## Soak` of docs/reliability.md and its plot.
+soak: $(INSTALLED) redis-server
+	$(BIN)/python bench/soak.py
 
 # Needs a CUDA GPU (without one it says so and exits 2); rewrites `## Kernels` and its plot.
 bench-kernels: $(INSTALLED)

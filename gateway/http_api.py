@@ -13,7 +13,8 @@ A request is refused with a plain HTTP error (not an event stream) when it fails
 first event: bad fields, unknown model, admission limits. Once streaming, a failure arrives as
 an `error` event followed by `[DONE]`. A client that disconnects has its generation cancelled:
 while the request waits for its first event or collects a whole response, a watcher on the
-ASGI disconnect message cancels it; once streaming, the failed send ends the stream.
+ASGI disconnect message cancels it; once streaming, the failed send ends the stream. One gone
+before its body arrived is no error either: nothing started, nothing is logged.
 """
 from __future__ import annotations
 
@@ -100,6 +101,9 @@ class OpenAIHttpApi:
         try:
             self._authenticate(request)
             parsed: OpenAIRequest = parse(await _read_json(request))
+        except ClientDisconnect:
+            # Gone before its body arrived: an ordinary client's doing, not a server error.
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as error:  # noqa: BLE001 - every refusal becomes an OpenAI error body
             return _error_response(error)
         tenant = tenant_of(request.headers.get("authorization"), self.api_keys)
