@@ -63,6 +63,10 @@ class Engine:
             raise InvalidArgument(f"the prompt has {len(prompt_token_ids)} tokens; the context "
                                   f"window is {self.max_model_len}, leaving no room to generate")
         params.validate(self.vocab_size)
+        if params.n > self.scheduler.config.max_num_seqs:
+            raise InvalidArgument(f"n = {params.n} choices are more sequences than this "
+                                  f"executor runs at once (max_num_seqs "
+                                  f"{self.scheduler.config.max_num_seqs})")
         request = Request(request_id, list(prompt_token_ids), params, cache_salt,
                           arrival=next(self._arrivals))
         generator = None if params.seed is None else \

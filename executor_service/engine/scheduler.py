@@ -70,9 +70,12 @@ class Scheduler:
         return bool(self.waiting or self.running or self.pending_frees)
 
     @property
-    def num_running_seqs(self) -> int:
-        return sum(seq.status is SequenceStatus.RUNNING
-                   for request in self.running for seq in request.sequences)
+    def num_admitted_seqs(self) -> int:
+        """Sequences the admitted requests hold or are about to: a request admitted in this
+        very iteration still WAITS for the Allocate it plans, and an n > 1 request forks its
+        other choices after its prompt. (Counting only RUNNING sequences let one iteration
+        admit every waiting request, past max_num_seqs.)"""
+        return sum(map(seqs_of, self.running))
 
     # -- one iteration --------------------------------------------------------------------------
 
@@ -126,8 +129,7 @@ class Scheduler:
         return chunk
 
     def _room_for(self, request: Request) -> bool:
-        waiting = sum(seq.status is SequenceStatus.WAITING for seq in request.sequences)
-        return self.num_running_seqs + waiting <= self.config.max_num_seqs
+        return self.num_admitted_seqs + seqs_of(request) <= self.config.max_num_seqs
 
     # -- the Step's answer ----------------------------------------------------------------------
 
@@ -225,3 +227,10 @@ class Scheduler:
             self.running.remove(request)
             self.waiting.appendleft(request)
         return freed
+
+
+def seqs_of(request: Request) -> int:
+    """The sequences `request` runs once admitted: its unfinished ones, and the n - 1 choices
+    it forks after its prompt if it has not yet."""
+    unfinished = sum(seq.status is not SequenceStatus.FINISHED for seq in request.sequences)
+    return unfinished if request.forked else unfinished + request.params.n - 1
