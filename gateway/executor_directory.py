@@ -3,8 +3,12 @@
 Every `refresh_s` the directory asks the allocator for its executors (ListExecutors). A new one
 is asked for its model (GetInfo) and,
 the first time its tokenizer's digest is seen, for its tokenizer files (GetTokenizer); then a
-Session link is opened to it. An executor the allocator no longer lists, or whose link broke,
-is dropped. Executors are grouped into models by name; one whose tokenizer differs from the
+Session link is opened to it. An executor whose link broke, or that the allocator lists at
+another address (restarted), is dropped at once. One the allocator no longer lists while its
+link lives (its lease lapsed: most often it was slow to renew, not dead) gets no new requests,
+but its link is kept for the requests it runs, for up to UNLISTED_GRACE_S: such an executor
+re-registers at its next call to the allocator, recomputes them on its new pool, and is routed
+to again. Executors are grouped into models by name; one whose tokenizer differs from the
 others of its name is left out, because the gateway tokenizes once per model.
 
 Readers get immutable snapshots, so routing never sees a half-updated directory.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +33,8 @@ from pagedserve.executor.v1 import executor_pb2_grpc as epb_grpc
 
 log = logging.getLogger(__name__)
 RPC_TIMEOUT_S = 5.0
+# How long the live link of an executor the allocator stopped listing is kept for its requests.
+UNLISTED_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,8 @@ class ExecutorDirectory:
         self._loop = loop
         self._refresh_s = refresh_s
         self._entries: dict[str, ExecutorEntry] = {}
+        # Executor id -> when the allocator stopped listing it, for live links kept meanwhile.
+        self._unlisted: dict[str, float] = {}
         self._tokenizers: dict[str, GatewayTokenizer] = {}
         self.models: dict[str, ServedModel] = {}
         self._stop = threading.Event()
@@ -90,14 +99,29 @@ class ExecutorDirectory:
     def refresh(self) -> None:
         listed = {info.executor_id: info for info in self._admin.ListExecutors(
             apb.ListExecutorsRequest(), timeout=RPC_TIMEOUT_S).executors}
+        now = time.monotonic()
         for executor_id, entry in list(self._entries.items()):
             current = listed.get(executor_id)
+            if current is None and entry.link.alive:
+                # Dropping the link would end the requests it runs, which the executor
+                # finishes once it has re-registered (see the module docstring).
+                if executor_id not in self._unlisted:
+                    log.warning("executor %s is no longer registered with the allocator; "
+                                "routing nothing new to it, its open requests go on",
+                                executor_id)
+                since = self._unlisted.setdefault(executor_id, now)
+                if now - since < UNLISTED_GRACE_S:
+                    continue
+            self._unlisted.pop(executor_id, None)
             # A new epoch alone is no reason: an executor re-registers after an allocator
             # restart and its stream lives on. A restarted executor breaks its stream.
             if current is None or not entry.link.alive or current.address != entry.link.address:
-                log.info("dropping executor %s (%s)", executor_id,
-                         entry.link.lost or "gone from the allocator, or moved")
-                entry.link.close()
+                reason = entry.link.lost or (
+                    f"executor {executor_id} has not been registered with the allocator for "
+                    f"{UNLISTED_GRACE_S:.0f} s (its lease lapsed)" if current is None else
+                    f"executor {executor_id} moved to {current.address}")
+                log.info("dropping executor %s (%s)", executor_id, reason)
+                entry.link.close(reason)
                 del self._entries[executor_id]
         for executor_id, listing in listed.items():
             if executor_id not in self._entries:
@@ -131,6 +155,8 @@ class ExecutorDirectory:
     def _group(self) -> dict[str, ServedModel]:
         models: dict[str, ServedModel] = {}
         for entry in sorted(self._entries.values(), key=lambda e: e.executor_id):
+            if entry.executor_id in self._unlisted:
+                continue
             info = entry.info
             model = models.get(info.model_name)
             if model is None:

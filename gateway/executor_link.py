@@ -83,7 +83,12 @@ class ExecutorLink:
         """The caller has stopped reading this request's queue."""
         self._requests.pop(request_id, None)
 
-    def close(self) -> None:
+    def close(self, reason: str = "the gateway closed the link") -> None:
+        """Ends the stream; requests still open get a LinkLost saying `reason`."""
+        # Set before the cancel, so the reader reports why rather than grpc's "CANCELLED
+        # Locally cancelled by application!", and no new request is routed here meanwhile.
+        if self.lost is None:
+            self.lost = reason
         self._outbox.put(None)
         self._call.cancel()
         self._reader.join(timeout=5)
@@ -99,8 +104,8 @@ class ExecutorLink:
         except grpc.RpcError as error:
             reason = f"the stream to executor {self.executor_id} broke: " \
                      f"{error.code().name} {error.details()}"
-        self.lost = reason
-        self._to_loop(self._end_all, reason)
+        self.lost = self.lost or reason   # close() may have said why first
+        self._to_loop(self._end_all, self.lost)
 
     def _to_loop(self, callback, argument) -> None:
         try:

@@ -62,6 +62,14 @@ class GenerationEvent:
     model: str = ""
     request_id: str = ""
 
+    @property
+    def failure(self) -> str | None:
+        """The error the first choice that failed in this event ended with; None if none did."""
+        for delta in self.choices:
+            if delta.finish_reason == "error":
+                return delta.error or "generation failed"
+        return None
+
 
 class Generator:
     def __init__(self, directory: ExecutorDirectory, allocator: grpc.Channel,

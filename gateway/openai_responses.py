@@ -32,10 +32,7 @@ MIN_LOGPROB = -9999.0
 
 def error_of(event: GenerationEvent) -> str | None:
     """The error the first choice that failed in `event` ended with, None if none did."""
-    for delta in event.choices:
-        if delta.finish_reason == "error":
-            return delta.error or "generation failed"
-    return None
+    return event.failure
 
 
 def usage_object(usage: Usage) -> dict:

@@ -12,6 +12,7 @@ from gateway.convert import event_to_proto, request_from_proto, tokenize_request
 from gateway.generation import Generator
 from gateway.metrics import GatewayMetrics
 from gateway.tenancy import tenant_of
+from pagedserve.common.errors import Unavailable
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 
@@ -32,9 +33,16 @@ class GatewayServicer(pb_grpc.GatewayServicer):
                            self.api_keys)
         events = self.metrics.observe(
             self.generator.generate(request_from_proto(request), tenant), "grpc")
+        failure = None
         async with aclosing(events):
             async for event in events:
                 await context.write(event_to_proto(event))
+                failure = failure or event.failure
+        if failure is not None:
+            # The failed choices' last deltas (finish reason ERROR and why) are out; the call
+            # ends UNAVAILABLE as well, so a client that checks only the status cannot take a
+            # cut-off answer for a whole one (an HTTP stream ends with an error event).
+            raise Unavailable(f"the executor serving the request failed: {failure}")
 
     async def Tokenize(self, request: pb.TokenizeRequest,
                        context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:

@@ -7,8 +7,9 @@
 
 Every method raises grpc.RpcError when the call fails (its `.code()` and `.details()` say why:
 INVALID_ARGUMENT naming the bad field, UNAUTHENTICATED for a wrong key, UNAVAILABLE when no
-executor serves the model...). Sampling options the caller leaves as None stay unset in the
-request, so the gateway applies its documented defaults.
+executor serves the model, or when the one serving it failed mid-stream...). Sampling options
+the caller leaves as None stay unset in the request, so the gateway applies its documented
+defaults.
 """
 from __future__ import annotations
 

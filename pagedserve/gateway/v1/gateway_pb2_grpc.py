@@ -37,8 +37,10 @@ class GatewayServicer(object):
     def Generate(self, request, context):
         """Generates completions for one prompt. The stream carries text deltas as they are decoded;
         each completion's last delta has its finish reason, and the stream's last message has the
-        usage. Cancelling the call cancels the generation and frees its KV-cache blocks within one
-        engine iteration.
+        usage. If the serving executor fails after tokens were sent, the unfinished completions end
+        with FINISH_REASON_ERROR and then the call ends with UNAVAILABLE; before any token, the
+        request is resubmitted once to another executor. Cancelling the call cancels the
+        generation and frees its KV-cache blocks within one engine iteration.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
