@@ -169,20 +169,22 @@ def with_overrides(preset: T, **values: object) -> T:
     return dataclasses.replace(preset, **{k: v for k, v in values.items() if v is not None})
 
 
-def add_output_flags(parser: argparse.ArgumentParser) -> None:
-    """--quick, --out-md and --out-png, alike for every benchmark."""
+def add_output_flags(parser: argparse.ArgumentParser, page: str = "benchmarks.md") -> None:
+    """--quick, --out-md and --out-png, alike for every benchmark; `page` is the default page
+    under docs/ whose section the benchmark rewrites."""
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run; writes the doc and plot only when given explicitly")
     parser.add_argument("--out-md", type=Path, default=None,
                         help="markdown page whose section is replaced "
-                             "(default docs/benchmarks.md; none with --quick)")
+                             f"(default docs/{page}; none with --quick)")
     parser.add_argument("--out-png", type=Path, default=None,
                         help="plot (default docs/img/<benchmark>.png; none with --quick)")
 
 
-def output_paths(args: argparse.Namespace, png_name: str) -> tuple[Path | None, Path | None]:
+def output_paths(args: argparse.Namespace, png_name: str, page: str = "benchmarks.md"
+                 ) -> tuple[Path | None, Path | None]:
     """Where to write the doc section and the plot: the defaults unless --quick or given."""
-    out_md = args.out_md or (None if args.quick else ROOT / "docs" / "benchmarks.md")
+    out_md = args.out_md or (None if args.quick else ROOT / "docs" / page)
     out_png = args.out_png or (None if args.quick else ROOT / "docs" / "img" / png_name)
     return out_md, out_png
 

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_report import ROOT, command_line
+from bench_report import ROOT, add_output_flags, command_line, output_paths
 from soak_memory import RssSampler, growth, sample_interval
 from soak_plot import write_plot
 from tqdm import tqdm
@@ -48,6 +48,7 @@ from soak_stack import SoakStack  # noqa: E402
 from stack_leftovers import drained, gateway_outcomes  # noqa: E402
 
 QUICK_MINUTES = 0.3
+PAGE = "reliability.md"   # under docs/: the soak is a reliability check, not a benchmark
 GREEDY_TOKENS = 32
 SAMPLED_SHARE = 0.25
 PROMPTS = [list(f"soak {i}: the {topic} went on for ten minutes".encode()) for i, topic in
@@ -66,21 +67,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"how long the load runs (default 10; {QUICK_MINUTES} with --quick)")
     parser.add_argument("--concurrency", type=int, default=24, help="clients at a time")
     parser.add_argument("--seed", type=int, default=20250101, help="seeds the load's draw")
-    parser.add_argument("--quick", action="store_true",
-                        help="short smoke run; writes the doc and plot only when given")
-    parser.add_argument("--out-md", type=Path, default=None,
-                        help="page whose soak section is replaced "
-                             "(default docs/reliability.md; none with --quick)")
-    parser.add_argument("--out-png", type=Path, default=None,
-                        help="memory plot (default docs/img/soak_memory.png; none with --quick)")
+    add_output_flags(parser, PAGE)
     args = parser.parse_args(argv)
     if args.minutes is None:
         args.minutes = QUICK_MINUTES if args.quick else 10.0
     if not args.minutes > 0:
         parser.error("--minutes must be positive")
-    if not args.quick:
-        args.out_md = args.out_md or ROOT / "docs" / "reliability.md"
-        args.out_png = args.out_png or ROOT / "docs" / "img" / "soak_memory.png"
+    args.out_md, args.out_png = output_paths(args, "soak_memory.png", PAGE)
     return args
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
+from generated_page import write_or_check
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 OUTPUT = ROOT / "docs" / "api-grpc.md"
@@ -198,17 +200,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail when the reference is stale")
     check = parser.parse_args().check
-    text = Reference(load_descriptors()).render()
-    name = OUTPUT.relative_to(ROOT)
-    stale = not OUTPUT.exists() or OUTPUT.read_text() != text
-    if check:
-        print(f"{name} is stale: run `make docs` to regenerate it" if stale
-              else f"{name} is current")
-        return int(stale)
-    if stale:
-        OUTPUT.write_text(text)
-    print(f"wrote {name}" if stale else f"{name} was current")
-    return 0
+    return write_or_check(OUTPUT, Reference(load_descriptors()).render(), check,
+                          str(OUTPUT.relative_to(ROOT)))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
+from generated_page import write_or_check
+
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "reliability.md"
 BEGIN, END = "<!-- bad-inputs:begin -->", "<!-- bad-inputs:end -->"
@@ -201,21 +203,10 @@ def main() -> int:
                         help="exit 1 when the table is stale instead of writing it")
     check = parser.parse_args().check
     rows = all_rows()
-    current = OUTPUT.read_text()
-    text = rewritten(current, render(rows))
-    relative = OUTPUT.relative_to(ROOT)
     print(f"{len(rows)} bad inputs")
-    if check:
-        if current != text:
-            print(f"the bad-input table of {relative} is stale: run `make docs`",
-                  file=sys.stderr)
-            return 1
-        print(f"{relative} is current")
-        return 0
-    if current != text:
-        OUTPUT.write_text(text)
-    print(f"wrote {relative}" if current != text else f"{relative} was already current")
-    return 0
+    text = rewritten(OUTPUT.read_text(), render(rows))
+    return write_or_check(OUTPUT, text, check,
+                          f"the bad-input table of {OUTPUT.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

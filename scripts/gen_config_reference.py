@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from generated_page import write_or_check
+
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "configuration.md"
 # (command as typed, module whose build_parser() it runs)
@@ -105,19 +107,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when docs/configuration.md is stale instead of writing it")
     check = parser.parse_args().check
-    text = render()
-    relative = OUTPUT.relative_to(ROOT)
-    current = OUTPUT.read_text() if OUTPUT.exists() else None
-    if check:
-        if current != text:
-            print(f"{relative} is stale: run `make docs` and commit it", file=sys.stderr)
-            return 1
-        print(f"{relative} is current")
-        return 0
-    if current != text:
-        OUTPUT.write_text(text)
-    print(f"wrote {relative}" if current != text else f"{relative} was already current")
-    return 0
+    return write_or_check(OUTPUT, render(), check, str(OUTPUT.relative_to(ROOT)))
 
 
 if __name__ == "__main__":

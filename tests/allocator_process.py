@@ -45,6 +45,15 @@ def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def alive(pid: int) -> bool:
+    """Whether a process with this id exists (a benchmark's services must be gone after it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class ServiceProcess:
     """One pagedserve service as a subprocess (`python -m MODULE --port 0 ...`); started by the
     constructor, stopped by `stop()` or `with`. Subclasses name the module and its ready line."""

@@ -5,11 +5,12 @@ machine is shared and noisy."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from allocator_process import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 SANITY_ROWS = {
@@ -26,14 +27,6 @@ ROWS = ("full stack (gRPC) / in-process engine, output tokens/s at 4 concurrent 
         "full stack, gRPC: output tokens/s at rate ∞ (best of 1)",
         "full stack, HTTP: output tokens/s at rate ∞ (best of 1)",
         "full stack, gRPC: CPU µs per output token at rate ∞")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_serve_bench_quick_run_passes_its_sanity_checks_writes_only_where_told_and_stops_the_stack(

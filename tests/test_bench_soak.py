@@ -4,7 +4,6 @@ restarted, every check passes, the section lands between its markers on the page
 (the rest of that page kept), and no process outlives the run. No timings are asserted."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from allocator_process import alive
 from redis_process import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,14 +24,6 @@ CHECKED_ROWS = ("allocator `kill -9` and restart on the same Redis",
                 "answers wrong (greedy: not the engine's; sampled: not max_tokens long)",
                 "left once clients are gone",
                 "`Audit` of the allocator")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.skipif(shutil.which(REDIS_SERVER) is None, reason=f"needs {REDIS_SERVER}")
