@@ -21,6 +21,7 @@ import grpc
 
 from allocator_service.convert import op_to_proto
 from allocator_service.ops import BlockOp, OpResult, OpStatus, StepResult
+from executor_service.lease_keeper import LeaseKeeper
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
@@ -86,6 +87,8 @@ class RemoteBlockAllocator:
         self._lock = threading.Lock()
         # One thread: Steps reach the allocator in step-id order.
         self._calls = ThreadPoolExecutor(1, thread_name_prefix="allocator-step")
+        self._load = (0, 0)   # (waiting, running) as the engine last reported them
+        self._keeper = LeaseKeeper(self._keep_lease, lambda: self.lease_ttl_s)
 
     def register(self, num_blocks: int, block_size: int, model_fingerprint: str) -> int:
         """Registers (or re-registers: the pool starts empty), waiting for the allocator."""
@@ -105,6 +108,8 @@ class RemoteBlockAllocator:
         with self._lock:
             self.epoch, self.last_step_id = reply.epoch, 0
             self.lease_ttl_s = reply.lease_ttl_s or self.lease_ttl_s
+        self._keeper.called()
+        self._keeper.start()
         return reply.epoch
 
     def submit(self, ops: Sequence[BlockOp]) -> RemoteStep:
@@ -117,19 +122,35 @@ class RemoteBlockAllocator:
 
     def send_step(self, request: pb.StepRequest) -> Future:
         """The Step call, in flight; its result() is the reply or raises the grpc.RpcError."""
+        self._keeper.called()
         return self._calls.submit(self.stub.Step, request, timeout=self.call_timeout_s)
 
     def heartbeat(self, num_waiting: int, num_running: int) -> None:
         """Renews the lease; raises PoolLost when the allocator dropped our pool."""
+        self._load = (num_waiting, num_running)
+        self._keeper.called()
         try:
-            self.stub.Heartbeat(pb.HeartbeatRequest(
-                executor_id=self.executor_id, epoch=self.epoch, num_waiting=num_waiting,
-                num_running=num_running), timeout=self.call_timeout_s)
+            self._send_heartbeat()
         except grpc.RpcError as error:
             if error.code() in LOST:
                 raise PoolLost(error.details()) from None
             log.warning("heartbeat failed: %s", error.code().name)
 
+    def _send_heartbeat(self) -> None:
+        num_waiting, num_running = self._load
+        self.stub.Heartbeat(pb.HeartbeatRequest(
+            executor_id=self.executor_id, epoch=self.epoch, num_waiting=num_waiting,
+            num_running=num_running), timeout=self.call_timeout_s)
+
+    def _keep_lease(self) -> None:
+        """The lease keeper's renewal, from its own thread. A lost pool is left for the engine
+        to find at its next call, which re-registers from the engine's thread."""
+        try:
+            self._send_heartbeat()
+        except grpc.RpcError as error:
+            log.debug("lease renewal failed: %s", error.code().name)
+
     def close(self) -> None:
+        self._keeper.close()
         self._calls.shutdown(wait=False, cancel_futures=True)
         self.channel.close()
