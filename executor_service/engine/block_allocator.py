@@ -68,7 +68,11 @@ class LocalBlockAllocator:
 
     def submit(self, ops: Sequence[BlockOp]) -> DoneStep:
         self.last_step_id += 1
-        return DoneStep(self.core.step(self.executor_id, self.epoch, self.last_step_id, ops))
+        result = self.core.step(self.executor_id, self.epoch, self.last_step_id, ops)
+        # The service's state store takes the core's KV events after each change; in process
+        # nobody publishes them, and kept they would grow by a few per request forever.
+        self.core.events.drain()
+        return DoneStep(result)
 
     def heartbeat(self, num_waiting: int, num_running: int) -> None:
         self.core.heartbeat(self.executor_id, self.epoch, num_waiting, num_running)
