@@ -17,6 +17,7 @@ from bench_report import (Row, image_link, machine_description, markdown_grid, m
                           text_grid, text_table, today)
 from impatient_clients import OUTCOMES, Result
 from soak_memory import MAX_GROWTH, MIN_JUDGED_S, EARLY, LATE, Growth, MemorySamples
+from soak_stack import EVENTS_MAX, NUM_BLOCKS
 
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
 
@@ -136,7 +137,10 @@ def section(r: SoakResults, out_png: Path | None, out_md: Path) -> str:
         "beforehand, and sampled ones, with cancels and disconnects at random points. "
         f"{restart}Afterwards every count that must drain is read back and the allocator "
         "audited; the memory of every process is sampled throughout (`/proc/PID/status`). "
-        "The run exits non-zero when a row says NO.")
+        "The run exits non-zero when a row says NO. The caches are sized to fill within the "
+        f"warm-up, so that one still filling is not taken for a leak: the executor's pool has "
+        f"{NUM_BLOCKS:,} blocks and the allocator keeps {EVENTS_MAX:,} KV events in Redis "
+        "(`--events-max`); see bench/soak_stack.py.")
     last_run = fill(f"Last run: `{r.command}`, {today()}, {r.machine}.")
     return f"""## Soak
 

@@ -17,6 +17,18 @@ from pathlib import Path
 from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from redis_process import RedisProcess
 
+# Every cache in the stack is bounded, but at their default sizes the soak's traffic takes
+# longer than the run to fill some of them, and a cache still filling looks like a leak to
+# the memory check. So they are sized to fill within the first minute or so (the warm-up the
+# check skips), which also makes the run evict and trim many times over:
+# - the executor's pool, 1,024 blocks (the embedded default is 8,192): the allocator keeps a
+#   hashed block in its prefix index until the block is reused, and with 8,192 blocks its
+#   object count was still rising when a 10-minute soak ended.
+# - the allocator's KV event stream in Redis, --events-max 500 (default 100,000): the soak
+#   writes about 13 events a second, so the default cap is two hours of it.
+NUM_BLOCKS = 1024
+EVENTS_MAX = 500
+
 
 class SoakStack:
     """`with SoakStack(data_dir, cache_root) as stack:` serves at `stack.gateway.target` and
@@ -38,10 +50,11 @@ class SoakStack:
             # would add is disk traffic, not a guarantee this run could observe.
             self.redis = self._exits.enter_context(
                 RedisProcess(self._data_dir / "redis", appendfsync="everysec"))
-            self.allocator = AllocatorProcess("--state-url", self.redis.url)
+            self.allocator = AllocatorProcess(*self._allocator_args())
             self._exits.callback(lambda: self.allocator.stop())
             self.executor = self._exits.enter_context(ExecutorProcess(
-                "--allocator", self.allocator.target, env=self._env))
+                "--allocator", self.allocator.target, "--num-blocks", str(NUM_BLOCKS),
+                env=self._env))
             self.gateway = self._exits.enter_context(GatewayProcess(
                 "--allocator", self.allocator.target))
         except BaseException:
@@ -60,9 +73,12 @@ class SoakStack:
             port = self.allocator.port
             self.allocator.process.kill()
             self.allocator.stop()          # reaps it
-            self.allocator = AllocatorProcess("--state-url", self.redis.url,
-                                              "--port", str(port))
+            self.allocator = AllocatorProcess(*self._allocator_args(), "--port", str(port))
         return time.monotonic() - killed
+
+    def _allocator_args(self) -> tuple[str, ...]:
+        assert self.redis is not None
+        return "--state-url", self.redis.url, "--events-max", str(EVENTS_MAX)
 
     @property
     def allocator_target(self) -> str:

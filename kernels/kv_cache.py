@@ -48,10 +48,16 @@ class KvCacheSpec:
 
 
 def allocate_kv_cache(spec: KvCacheSpec, device: torch.device | str) -> torch.Tensor:
-    """An uninitialised cache: a block's content is only ever read after store_kv wrote it."""
+    """A zeroed cache. A block's content is only ever read after store_kv wrote it, so the
+    zeros are not for correctness: writing every page commits the memory now. An empty CPU
+    tensor gets its pages from the kernel one first write at a time, so the process would
+    grow for as long as traffic reaches blocks never used before (minutes for the default
+    pool: the soak saw it as a leak) and a host short of memory would fail mid-serving
+    instead of at startup. On a GPU the memory is committed either way; the fill costs one
+    memset."""
     check_block_size(spec.block_size)
     check_cache_dtype(spec.dtype)
-    return torch.empty(spec.shape, dtype=spec.dtype, device=device)
+    return torch.zeros(spec.shape, dtype=spec.dtype, device=device)
 
 
 def layer_caches(kv_cache: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ from executor_service.model.causal_lm import CausalLM
 from executor_service.model.embedded import write_embedded_checkpoint
 from executor_service.model.loader import load_model
 from executor_service.model.model_config import ModelConfig
-from kernels import KvCacheSpec
+from kernels import KvCacheSpec, allocate_kv_cache
 
 GiB = 1024 ** 3
 
@@ -97,3 +97,28 @@ def test_utilization_sizes_the_cache_from_measured_gpu_memory(checkpoint):
     expected = kv_cache_budget(memory, 0.5) // spec.bytes_per_block
     # Both measurements see the same device, give or take what other processes did meanwhile.
     assert abs(cache.shape[2] - expected) <= 0.05 * expected
+
+
+def resident_bytes_of_mapping(address: int) -> int | None:
+    """Rss of the /proc/self/smaps mapping that holds `address` (None: not found)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
+                start, end = (int(part, 16) for part in first.split("-"))
+                inside = start <= address < end
+            elif inside and first == "Rss:":
+                return int(line.split()[1]) * 1024
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_the_cpu_kv_cache_is_resident_from_the_start():
+    # An untouched CPU tensor gets pages on first write, so the executor would grow while
+    # traffic reached blocks never used before; the cache is committed when allocated.
+    spec = KvCacheSpec(2, 512, 16, 2, 32, torch.float32)   # 16 MiB: its own mmap
+    kv_cache = allocate_kv_cache(spec, "cpu")
+    size = kv_cache.numel() * kv_cache.element_size()
+    resident = resident_bytes_of_mapping(kv_cache.data_ptr())
+    assert resident is not None and resident >= size, (resident, size)
