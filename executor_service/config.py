@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="weights' dtype; auto: the checkpoint's on a GPU, float32 on the CPU "
                             f"(env {ENV_PREFIX}_DTYPE)")
     model.add_argument("--max-model-len", type=int, default=env("MAX_MODEL_LEN", 0),
-                       help="longest context served (default: the model's) "
+                       help="longest context served (default: the model's, lowered to what "
+                            "the KV cache holds for one sequence) "
                             f"(env {ENV_PREFIX}_MAX_MODEL_LEN)")
     cache = parser.add_argument_group("KV cache and batching")
     cache.add_argument("--block-size", type=int, default=env("BLOCK_SIZE", 16),

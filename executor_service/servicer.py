@@ -98,20 +98,12 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
 
     def _check_fits_allocator(self, submit: pb.SubmitRequest) -> None:
         # What the allocator refuses, it refuses for a whole Step, failing every request in
-        # it: a submission it would refuse is refused here, alone.
+        # it: a submission it would refuse is refused here, alone. (A prompt the whole KV
+        # cache cannot hold cannot reach it: the served window fits the cache, and the engine
+        # refuses a prompt over the window.)
         if len(submit.cache_salt) > MAX_SEQ_ID:
             raise InvalidArgument(f"cache_salt must be at most {MAX_SEQ_ID} characters, "
                                   f"got {len(submit.cache_salt)}")
-        # A prompt within the context window (the engine checks that) that the whole KV cache
-        # cannot hold with the slots reserved ahead of it: the allocator would answer TOO_LARGE
-        # and the request fail as INTERNAL; refused here like a prompt over the window.
-        prompt, info = len(submit.prompt_token_ids), self.static_info
-        reserved = self.loop.engine.scheduler.config.lookahead_slots
-        slots = info.num_blocks * info.block_size
-        if prompt < info.max_model_len and prompt + reserved > slots:
-            raise InvalidArgument(
-                f"the prompt has {prompt} tokens (+{reserved} slots reserved ahead); this "
-                f"executor's KV cache holds {slots} token slots")
 
     def GetInfo(self, request: pb.GetInfoRequest,
                 context: grpc.ServicerContext) -> pb.ExecutorInfo:

@@ -17,9 +17,10 @@ from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(120)
 
-# Window and KV cache both hold 512 tokens (32 blocks of 16 slots): a prompt can fit the window
-# but not the cache, which also holds the 4 slots reserved ahead of every sequence.
-WINDOW, NUM_BLOCKS = 512, 32
+# The KV cache has 32 blocks of 16 slots, 4 of which a sequence keeps reserved ahead: the
+# executor serves a window of 508 tokens, not the embedded model's 4096.
+NUM_BLOCKS = 32
+WINDOW = NUM_BLOCKS * 16 - 4
 PROMPT = (72, 105)
 SESSION = "/pagedserve.executor.v1.Executor/Session"
 
@@ -29,7 +30,6 @@ def stack(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     with AllocatorProcess() as allocator, ExecutorProcess(
             "--allocator", allocator.target, "--num-blocks", str(NUM_BLOCKS),
-            "--max-model-len", str(WINDOW),
             env={"PAGEDSERVE_CACHE_DIR": str(cache)}) as executor:
         yield allocator, executor
 
@@ -58,11 +58,10 @@ SUBMISSIONS = {
                           "prompt token -1 is outside the vocabulary"),
     "prompt over the context window": (
         submit(prompt=(72,) * WINDOW), StatusCode.INVALID_ARGUMENT,
-        "the prompt has 512 tokens; the context window is 512, leaving no room to generate"),
-    "prompt over the KV cache": (
-        submit(prompt=(72,) * (WINDOW - 2)), StatusCode.INVALID_ARGUMENT,
-        "the prompt has 510 tokens (+4 slots reserved ahead); this executor's KV cache holds "
-        "512 token slots"),
+        "the prompt has 508 tokens; the context window is 508, leaving no room to generate"),
+    "prompt within the model's window that the KV cache cannot hold": (
+        submit(prompt=(72,) * 1000), StatusCode.INVALID_ARGUMENT,
+        "the prompt has 1000 tokens; the context window is 508"),
     "empty request_id": (submit(request_id=""), StatusCode.INVALID_ARGUMENT,
                          "request_id must be 1 to 252 characters (its sequence ids must fit "
                          "the allocator's 256), got 0"),
@@ -216,6 +215,11 @@ def test_a_session_request_without_a_kind_is_refused_and_the_stream_goes_on(stre
     refusal_of("SessionRequest with no kind", stream.updates.get(timeout=30))
     stream.submit("next", list(PROMPT), max_tokens=2, ignore_eos=True)
     assert stream.until_finished("next")[-1].usage.completion_tokens == 2
+
+
+def test_the_window_served_is_what_the_kv_cache_holds(stack):
+    info = pb_grpc.ExecutorStub(stack[1].channel()).GetInfo(pb.GetInfoRequest(), timeout=10)
+    assert (info.num_blocks, info.block_size, info.max_model_len) == (NUM_BLOCKS, 16, WINDOW)
 
 
 def test_max_tokens_past_the_window_ends_at_the_window(stream):

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from executor_service.engine.block_allocator import BlockAllocator, LocalBlockAllocator
+from executor_service.engine.context_window import served_window
 from executor_service.engine.engine import Engine
 from executor_service.engine.memory_profile import kv_cache_budget, measure_gpu_memory
 from executor_service.engine.scheduler import SchedulerConfig
@@ -72,6 +73,9 @@ def build_engine(directory: Path, options: EngineOptions = EngineOptions(),
         budget = kv_cache_bytes(model, spec, options, max_model_len, device)
         spec = replace(spec, num_blocks=max(1, budget // spec.bytes_per_block))
     num_blocks = spec.num_blocks
+    max_model_len = served_window(max_model_len, explicit=options.max_model_len is not None,
+                                  num_blocks=num_blocks, block_size=options.block_size,
+                                  lookahead_slots=options.lookahead_slots)
     kv_cache = allocate_kv_cache(spec, device)
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
                                 options.max_num_batched_tokens, options.lookahead_slots)
