@@ -49,8 +49,8 @@ class KvCacheSpec:
 
 def allocate_kv_cache(spec: KvCacheSpec, device: torch.device | str) -> torch.Tensor:
     """A zeroed cache. A block's content is only ever read after store_kv wrote it, so the
-    zeros are not for correctness: writing every page commits the memory now. An empty CPU
-    tensor gets its pages from the kernel one first write at a time, so the process would
+    zeros are not for correctness: writing every page commits the memory now. The kernel
+    gives an empty CPU tensor its pages one by one, on first write, so the process would
     grow for as long as traffic reaches blocks never used before (minutes for the default
     pool: the soak saw it as a leak) and a host short of memory would fail mid-serving
     instead of at startup. On a GPU the memory is committed either way; the fill costs one
