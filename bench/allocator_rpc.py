@@ -22,7 +22,7 @@ TESTS_DIR = str(Path(__file__).resolve().parent.parent / "tests")
 if TESTS_DIR not in sys.path:
     sys.path.append(TESTS_DIR)
 
-from allocator_process import AllocatorProcess  # noqa: E402
+from pagedserve.supervisor.service_process import AllocatorProcess  # noqa: E402
 
 
 @contextmanager

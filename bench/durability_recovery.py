@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 # allocator_rpc puts tests/ on sys.path, where the subprocess harnesses live: import it first.
 from allocator_rpc import StepClient
-from allocator_process import AllocatorProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
 from allocator_service import redis_codec, snapshot
 from allocator_service.allocator import Allocator
 from allocator_service.inspection import pool_stats
@@ -27,7 +27,7 @@ from allocator_service.redis_store import RedisStore
 from allocator_workload import ServingMix
 from durability_config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
 from durability_report import RecoveryPoint, Results
-from redis_process import RedisProcess
+from pagedserve.supervisor.redis_server import RedisProcess
 
 # The allocator's own log lines that mark its start-up (see allocator_service/__main__.py).
 LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "

@@ -1,6 +1,6 @@
 """The soak's stack: a redis-server, an allocator journaling to it (`--state-url`), one executor
 on the embedded default model and a gateway, each a subprocess on a free loopback port, started
-with the test harnesses (tests/redis_process.py, tests/allocator_process.py; bench/soak.py
+with the test harnesses (pagedserve/supervisor/; bench/soak.py
 puts tests/ on sys.path).
 
 `restart_allocator()` is the fault the soak injects: SIGKILL, no goodbye, then the allocator
@@ -14,8 +14,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
-from redis_process import RedisProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from pagedserve.supervisor.redis_server import RedisProcess
 
 # Every cache in the stack is bounded, but at their default sizes the soak's traffic takes
 # longer than the run to fill some of them, and a cache still filling looks like a leak to

@@ -1,4 +1,4 @@
-"""Fixtures that start the real allocator as a subprocess (see allocator_process.py).
+"""Fixtures that start the real allocator as a subprocess (pagedserve/supervisor/service_process.py).
 
 `server` (with its `stub` and `admin`) and `auth_server` are shared by the whole session: tests
 on them register executors of their own, named after the test (`new_executor`), so they never
@@ -22,9 +22,9 @@ if not torch.cuda.is_available():
 # Before the imports below, so the asserts in the shared helper modules report like test asserts.
 pytest.register_assert_rewrite("core_helpers", "wire_helpers")
 
-from allocator_process import AllocatorProcess  # noqa: E402
+from pagedserve.supervisor.service_process import AllocatorProcess  # noqa: E402
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
-from redis_process import RedisProcess  # noqa: E402
+from pagedserve.supervisor.redis_server import RedisProcess  # noqa: E402
 from wire_helpers import TOKEN, Executor, register  # noqa: E402
 
 

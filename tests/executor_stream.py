@@ -9,7 +9,7 @@ import threading
 import time
 
 import grpc
-from allocator_process import AllocatorProcess, ExecutorProcess, hermetic_env
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, hermetic_env
 
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc

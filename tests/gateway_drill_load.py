@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import openai
-from allocator_process import ExecutorProcess
+from pagedserve.supervisor.service_process import ExecutorProcess
 from executor_stream import Stream
 
 from executor_service.engine.build import EngineOptions, build_engine

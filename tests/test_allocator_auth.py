@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator_process import AllocatorProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from wire_helpers import (TOKEN, Code, allocate, assert_health_and_reflection_answer, register,

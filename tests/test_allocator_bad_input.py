@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 from grpc_health.v1 import health_pb2
 
-from allocator_process import AllocatorProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
 from oversized import OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE, oversized_channel
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc

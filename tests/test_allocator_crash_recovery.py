@@ -10,20 +10,20 @@ from collections.abc import Callable
 
 import pytest
 
-import redis_process
-from allocator_process import AllocatorProcess
+from pagedserve.supervisor.redis_server import REDIS_SERVER
+from pagedserve.supervisor.service_process import AllocatorProcess
 from durability_helpers import (CONTINUATION, MIXED_WORKLOAD, MIXED_WORKLOAD_OUTCOMES, NAMESPACE,
                                 OK, POOL_RESET, STORED, applied_seq, assert_audit_clean, journal,
                                 kill_9, observed_state, outcomes, reattach, register_pools,
                                 retry_all, rpc_events, run_workload, settled_snapshot_seq,
                                 snapshot_seq, stubs, wait_for)
 from pagedserve.allocator.v1 import allocator_pb2 as pb
-from redis_process import RedisProcess
+from pagedserve.supervisor.redis_server import RedisProcess
 from wire_helpers import Code, Executor, allocate, append, free, register, rpc_error
 
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(shutil.which(redis_process.REDIS_SERVER) is None,
+    pytest.mark.skipif(shutil.which(REDIS_SERVER) is None,
                        reason="redis-server is not installed"),
 ]
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from allocator_process import REPO_ROOT, AllocatorProcess, AllocatorStartError, hermetic_env
+from pagedserve.supervisor.service_process import REPO_ROOT, AllocatorProcess, AllocatorStartError, hermetic_env
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from wire_helpers import register
 

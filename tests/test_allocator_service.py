@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from allocator_process import AllocatorProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from wire_helpers import (ADMIN, Code, Executor, allocate, append,

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allocator_process import alive
+from pagedserve.supervisor.service_process import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 SANITY_ROWS = {

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from redis_process import REDIS_SERVER
+from pagedserve.supervisor.redis_server import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parent.parent
 

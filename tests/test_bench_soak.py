@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from allocator_process import alive
-from redis_process import REDIS_SERVER
+from pagedserve.supervisor.service_process import alive
+from pagedserve.supervisor.redis_server import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

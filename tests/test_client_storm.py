@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from allocator_process import GatewayProcess, gateway_stack
+from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack
 from executor_stream import pagedctl_audit
 from impatient_clients import (
     COMPLETE_KINDS, GIVE_UP_KINDS, OUTCOMES, Answer, ImpatientClients, Plan, Result,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from compose_file import active_services, load_compose
 from executor_stream import pagedctl_audit, used_blocks, wait_for
-from redis_process import RedisProcess
+from pagedserve.supervisor.redis_server import RedisProcess
 
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc

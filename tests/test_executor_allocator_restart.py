@@ -12,8 +12,8 @@ import shutil
 import time
 
 import pytest
-import redis_process
-from allocator_process import AllocatorProcess, ExecutorProcess
+from pagedserve.supervisor.redis_server import REDIS_SERVER
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess
 from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait_for
 
 from executor_service.engine.build import EngineOptions, build_engine
@@ -33,7 +33,7 @@ MAX_TOKENS = 120
 
 @pytest.mark.parametrize("durable", [
     pytest.param(True, id="durable", marks=pytest.mark.skipif(
-        shutil.which(redis_process.REDIS_SERVER) is None, reason="redis-server is not installed")),
+        shutil.which(REDIS_SERVER) is None, reason="redis-server is not installed")),
     pytest.param(False, id="in-memory"),
 ])
 def test_streams_finish_identically_across_an_allocator_kill(durable, tmp_path, request):

@@ -7,7 +7,7 @@ import queue
 
 import grpc
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess
 from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait_for
 from grpc import StatusCode
 from oversized import OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE, oversized_channel

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess
 from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait_for
 
 from executor_service.engine.build import EngineOptions, build_engine

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from allocator_process import REPO_ROOT, AllocatorProcess, ExecutorProcess, hermetic_env
+from pagedserve.supervisor.service_process import REPO_ROOT, AllocatorProcess, ExecutorProcess, hermetic_env
 from executor_stream import Stream, pagedctl_audit, tokens_of, wait_for
 from wire_helpers import Code, allocate, register, rpc_error, seq_ids
 

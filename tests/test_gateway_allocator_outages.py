@@ -18,14 +18,14 @@ from contextlib import ExitStack
 
 import grpc
 import pytest
-import redis_process
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from pagedserve.supervisor.redis_server import REDIS_SERVER
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from durability_helpers import (assert_audit_clean, cached_blocks, kill_9, not_serving,
                                 observed_state, redis_events, replay, serving, stubs)
 from durability_helpers import wait_for as wait_timed
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 from gateway_drill_load import Load, describe, matches, prompts, undisturbed
-from redis_process import RedisProcess
+from pagedserve.supervisor.redis_server import RedisProcess
 
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.executor.v1 import executor_pb2 as epb
@@ -33,7 +33,7 @@ from pagedserve.executor.v1 import executor_pb2_grpc as epb_grpc
 
 pytestmark = [
     pytest.mark.timeout(240),
-    pytest.mark.skipif(shutil.which(redis_process.REDIS_SERVER) is None,
+    pytest.mark.skipif(shutil.which(REDIS_SERVER) is None,
                        reason="redis-server is not installed"),
 ]
 STREAMS = 12

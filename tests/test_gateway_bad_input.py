@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from allocator_process import gateway_stack
+from pagedserve.supervisor.service_process import gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 from grpc import RpcError, StatusCode
 from oversized import OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE, oversized_channel

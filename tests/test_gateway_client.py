@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from allocator_process import REPO_ROOT, GatewayProcess, gateway_stack
-from allocator_process import hermetic_env
+from pagedserve.supervisor.service_process import REPO_ROOT, GatewayProcess, gateway_stack
+from pagedserve.supervisor.service_process import hermetic_env
 
 from pagedserve.gateway_client import Completion, GatewayClient, ModelInfo
 

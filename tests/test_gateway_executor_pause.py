@@ -15,7 +15,7 @@ from contextlib import closing
 
 import grpc
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 from gateway_drill_load import Load, describe, listed, matches, prompts, undisturbed, warm_up
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from allocator_process import gateway_stack
+from pagedserve.supervisor.service_process import gateway_stack
 from executor_stream import used_blocks, wait_for
 from model_checkpoints import write_checkpoint
 from sample_tokenizers import bytelevel_bpe

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import httpx
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from executor_stream import wait_for
 
 from pagedserve.common.client import is_serving

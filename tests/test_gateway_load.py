@@ -8,7 +8,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from allocator_process import REPO_ROOT, gateway_stack
+from pagedserve.supervisor.service_process import REPO_ROOT, gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb

@@ -6,7 +6,7 @@ import grpc
 import httpx
 import openai
 import pytest
-from allocator_process import GatewayProcess, gateway_stack
+from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb

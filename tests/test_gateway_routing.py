@@ -4,7 +4,7 @@ allocator's per-pool prefix-hit counters."""
 from __future__ import annotations
 
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from executor_stream import used_blocks, wait_for
 
 from pagedserve.allocator.v1 import allocator_pb2 as apb

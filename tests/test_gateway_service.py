@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from allocator_process import AllocatorProcess, GatewayProcess, gateway_stack
+from pagedserve.supervisor.service_process import AllocatorProcess, GatewayProcess, gateway_stack
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 
 from executor_service.engine.build import EngineOptions, build_engine

@@ -12,19 +12,19 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-import redis_process
-from allocator_process import AllocatorProcess
+from pagedserve.supervisor.redis_server import REDIS_SERVER
+from pagedserve.supervisor.service_process import AllocatorProcess
 from durability_helpers import (MIXED_WORKLOAD, NAMESPACE, POOL_RESET, REMOVED, STORED,
                                 cached_blocks, journal, kill_9, observed_state, redis_events,
                                 register_pools, replay, rpc_events, run_workload, snapshot_seq,
                                 stubs, wait_for)
 from pagedserve.allocator.v1 import allocator_pb2 as pb
-from redis_process import RedisProcess
+from pagedserve.supervisor.redis_server import RedisProcess
 from wire_helpers import Code, Executor, allocate, append, free, register
 
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(shutil.which(redis_process.REDIS_SERVER) is None,
+    pytest.mark.skipif(shutil.which(REDIS_SERVER) is None,
                        reason="redis-server is not installed"),
 ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from allocator_process import AllocatorProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
 from executor_stream import wait_for
 
 from executor_service.allocator_client import RemoteBlockAllocator

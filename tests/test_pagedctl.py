@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from allocator_process import REPO_ROOT, AllocatorProcess, hermetic_env
+from pagedserve.supervisor.service_process import REPO_ROOT, AllocatorProcess, hermetic_env
 from allocator_service.block_hash import chain_hash, root_hash
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc

@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 
-from allocator_process import REPO_ROOT, hermetic_env
-from redis_process import RedisProcess
+from pagedserve.supervisor.service_process import REPO_ROOT, hermetic_env
+from pagedserve.supervisor.redis_server import RedisProcess
 
 FREE_PORTS = ["--allocator-port", "0", "--executor-port", "0", "--port", "0",
               "--http-port", "0"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import redis_process
-from allocator_process import READY_PREFIX, REPO_ROOT, AllocatorProcess, hermetic_env
+from pagedserve.supervisor.redis_server import REDIS_SERVER
+from pagedserve.supervisor.service_process import READY_PREFIX, REPO_ROOT, AllocatorProcess, hermetic_env
 from durability_helpers import (CONTINUATION, MIXED_WORKLOAD, NOT_SERVING, OK, POOL_RESET, STORED,
                                 applied_seq, assert_audit_clean, cached_blocks, journal, kill_9,
                                 not_serving, observed_state, outcomes, redis_events,
@@ -24,13 +24,13 @@ from durability_helpers import (CONTINUATION, MIXED_WORKLOAD, NOT_SERVING, OK, P
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
-from redis_process import RedisProcess, free_port
+from pagedserve.supervisor.redis_server import RedisProcess, free_port
 from wire_helpers import (ADMIN, ALLOCATOR, Code, Executor, allocate, append, fork, free,
                           health_status, register, rpc_error)
 
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(shutil.which(redis_process.REDIS_SERVER) is None,
+    pytest.mark.skipif(shutil.which(REDIS_SERVER) is None,
                        reason="redis-server is not installed"),
 ]
 

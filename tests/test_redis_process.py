@@ -1,4 +1,4 @@
-"""Tests of the redis-server test helper itself (tests/redis_process.py), against a real Redis."""
+"""Tests of the redis-server helper itself (pagedserve/supervisor/redis_server.py), on a real Redis."""
 from __future__ import annotations
 
 import shutil
@@ -12,10 +12,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-import redis_process
-from redis_process import HOST, RedisProcess, RedisStartError
+from pagedserve.supervisor import redis_server as redis_server_module
+from pagedserve.supervisor.redis_server import HOST, RedisProcess, RedisStartError
 
-pytestmark = pytest.mark.skipif(shutil.which(redis_process.REDIS_SERVER) is None,
+pytestmark = pytest.mark.skipif(shutil.which(redis_server_module.REDIS_SERVER) is None,
                                 reason="redis-server is not installed")
 
 
@@ -97,7 +97,7 @@ def test_port_already_in_use_raises_start_error_with_log_tail(tmp_path: Path,
     assert "Address already in use" in message  # from the log tail
     assert message.rstrip().endswith(
         (tmp_path / "redis.log").read_text().splitlines()[-1].rstrip())
-    assert not redis_process._RUNNING
+    assert not redis_server_module._RUNNING
 
 
 def test_data_dir_that_is_a_file_raises_start_error_with_redis_stderr(tmp_path: Path) -> None:
@@ -110,8 +110,8 @@ def test_data_dir_that_is_a_file_raises_start_error_with_redis_stderr(tmp_path: 
 def test_picked_port_taken_by_someone_else_is_retried_on_a_fresh_port(
         tmp_path: Path, held_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
     picks = iter([held_port])
-    real_free_port = redis_process.free_port
-    monkeypatch.setattr(redis_process, "free_port", lambda: next(picks, None) or real_free_port())
+    real_free_port = redis_server_module.free_port
+    monkeypatch.setattr(redis_server_module, "free_port", lambda: next(picks, None) or real_free_port())
     with RedisProcess(tmp_path) as server:
         assert server.port != held_port
         assert server.client().ping()
@@ -123,4 +123,4 @@ def test_exit_with_error_in_body_still_stops_the_server(tmp_path: Path) -> None:
         with RedisProcess(tmp_path) as server:
             raise KeyError("boom")
     assert server.process is not None and server.process.poll() is not None
-    assert server not in redis_process._RUNNING
+    assert server not in redis_server_module._RUNNING

@@ -11,7 +11,7 @@ import grpc
 import httpx
 import openai
 import pytest
-from allocator_process import AllocatorProcess, ExecutorProcess, GatewayProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from executor_stream import pagedctl_audit, used_blocks, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tls_certs import make_certificates

@@ -26,7 +26,7 @@ import grpc
 from pagedserve.common.client import is_serving, open_channel
 from pagedserve.common.processes import stop_gracefully
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_PREFIX = "allocator listening on "
 
 
