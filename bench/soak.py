@@ -40,7 +40,7 @@ from tqdm import tqdm
 if str(ROOT / "tests") not in sys.path:
     sys.path.append(str(ROOT / "tests"))
 
-from executor_stream import pagedctl_audit  # noqa: E402
+from pagedserve.supervisor.service_process import pagedctl_audit  # noqa: E402
 from impatient_clients import (  # noqa: E402
     Answer, ImpatientClients, Plan, Result, draw_plans, wrong_answer)
 from soak_report import SoakResults, section, terminal_report, write_section  # noqa: E402

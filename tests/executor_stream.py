@@ -3,8 +3,6 @@ allocator's used-block count, `pagedctl audit`, and polling for a condition."""
 from __future__ import annotations
 
 import queue
-import subprocess
-import sys
 import threading
 import time
 
@@ -73,14 +71,6 @@ def used_blocks(allocator: AllocatorProcess, token: str = "") -> int:
         apb.GetStatsRequest())
     return stats.total.num_used_blocks
 
-
-def pagedctl_audit(allocator: AllocatorProcess, token: str = ""
-                   ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pagedserve.cli.pagedctl", "--target",
-                           allocator.target, "--token", token, "--tls-ca", allocator.tls_ca,
-                           "audit"], capture_output=True,
-                          text=True,
-                          timeout=60, env=hermetic_env())
 
 
 def tokens_of(updates: list, index: int = 0) -> list[int]:

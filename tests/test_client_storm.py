@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack
-from executor_stream import pagedctl_audit
+from pagedserve.supervisor.service_process import pagedctl_audit
 from impatient_clients import (
     COMPLETE_KINDS, GIVE_UP_KINDS, OUTCOMES, Answer, ImpatientClients, Plan, Result,
     draw_plans, wrong_answer)

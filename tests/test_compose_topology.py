@@ -7,7 +7,8 @@ import httpx
 import pytest
 from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from compose_file import active_services, load_compose
-from executor_stream import pagedctl_audit, used_blocks, wait_for
+from executor_stream import used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 from pagedserve.supervisor.redis_server import RedisProcess
 
 from pagedserve.allocator.v1 import allocator_pb2 as apb

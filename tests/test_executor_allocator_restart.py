@@ -14,7 +14,8 @@ import time
 import pytest
 from pagedserve.supervisor.redis_server import REDIS_SERVER
 from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess
-from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait_for
+from executor_stream import Stream, tokens_of, used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate

@@ -8,7 +8,8 @@ import queue
 import grpc
 import pytest
 from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess
-from executor_stream import Stream, pagedctl_audit, tokens_of, used_blocks, wait_for
+from executor_stream import Stream, tokens_of, used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 from grpc import StatusCode
 from oversized import OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE, oversized_channel
 

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 from pagedserve.supervisor.service_process import REPO_ROOT, AllocatorProcess, ExecutorProcess, hermetic_env
-from executor_stream import Stream, pagedctl_audit, tokens_of, wait_for
+from executor_stream import Stream, tokens_of, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 from wire_helpers import Code, allocate, register, rpc_error, seq_ids
 
 from allocator_service.executor_tokens import parse_executor_tokens

@@ -23,7 +23,8 @@ from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProc
 from durability_helpers import (assert_audit_clean, cached_blocks, kill_9, not_serving,
                                 observed_state, redis_events, replay, serving, stubs)
 from durability_helpers import wait_for as wait_timed
-from executor_stream import pagedctl_audit, used_blocks, wait_for
+from executor_stream import used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 from gateway_drill_load import Load, describe, matches, prompts, undisturbed
 from pagedserve.supervisor.redis_server import RedisProcess
 

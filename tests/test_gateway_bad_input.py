@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 from pagedserve.supervisor.service_process import gateway_stack
-from executor_stream import pagedctl_audit, used_blocks, wait_for
+from executor_stream import used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 from grpc import RpcError, StatusCode
 from oversized import OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE, oversized_channel
 

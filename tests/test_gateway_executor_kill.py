@@ -16,7 +16,8 @@ from contextlib import ExitStack
 import grpc
 import pytest
 from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
-from executor_stream import pagedctl_audit, used_blocks, wait_for
+from executor_stream import used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 from gateway_drill_load import (Load, Recorded, describe, listed, matches, prompts, undisturbed,
                                 warm_up)
 

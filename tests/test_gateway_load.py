@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from pagedserve.supervisor.service_process import REPO_ROOT, gateway_stack
-from executor_stream import pagedctl_audit, used_blocks, wait_for
+from executor_stream import used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc

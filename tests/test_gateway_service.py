@@ -8,7 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 from pagedserve.supervisor.service_process import AllocatorProcess, GatewayProcess, gateway_stack
-from executor_stream import pagedctl_audit, used_blocks, wait_for
+from executor_stream import used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate

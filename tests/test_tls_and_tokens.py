@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
-from executor_stream import pagedctl_audit, used_blocks, wait_for
+from executor_stream import used_blocks, wait_for
+from pagedserve.supervisor.service_process import pagedctl_audit
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tls_certs import make_certificates
 

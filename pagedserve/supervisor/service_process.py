@@ -229,6 +229,16 @@ class GatewayProcess(ServiceProcess):
                 return line[len(prefix):].strip()
 
 
+def pagedctl_audit(allocator: AllocatorProcess, token: str = ""
+                   ) -> subprocess.CompletedProcess[str]:
+    """`pagedctl audit` against this allocator, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "pagedserve.cli.pagedctl", "--target",
+                           allocator.target, "--token", token, "--tls-ca", allocator.tls_ca,
+                           "audit"], capture_output=True,
+                          text=True,
+                          timeout=60, env=hermetic_env())
+
+
 @contextmanager
 def gateway_stack(cache: Path | None = None, *executor_args: str, num_blocks: int = 256,
                   gateway_args: tuple[str, ...] = ()
