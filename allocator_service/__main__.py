@@ -6,13 +6,13 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from allocator_service.admin_servicer import AllocatorAdminServicer
-from allocator_service.allocator import Allocator
-from allocator_service.allocator_servicer import AllocatorServicer
-from allocator_service.config import AllocatorConfig, StateStoreOptions, parse_config
-from allocator_service.executor_identity import ExecutorIdentityInterceptor
-from allocator_service.state import AllocatorState
-from allocator_service.state_store import MemoryStore, StateStore, StoreUnreachable
+from allocator_service.core.allocator import Allocator
+from allocator_service.durability.state import AllocatorState
+from allocator_service.durability.state_store import MemoryStore, StateStore, StoreUnreachable
+from allocator_service.server.admin_servicer import AllocatorAdminServicer
+from allocator_service.server.allocator_servicer import AllocatorServicer
+from allocator_service.server.config import AllocatorConfig, StateStoreOptions, parse_config
+from allocator_service.server.executor_identity import ExecutorIdentityInterceptor
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.logs import setup_logging
@@ -27,7 +27,8 @@ LOAD_RETRY_S = 1.0
 def build_store(options: StateStoreOptions) -> StateStore:
     if not options.url:
         return MemoryStore(options.events_max)
-    from allocator_service.redis_store import RedisStore  # only a durable allocator needs redis
+    from allocator_service.durability.redis_store import \
+        RedisStore  # only a durable allocator needs redis
     return RedisStore(options.url, options.namespace, options.snapshot_every,
                       options.events_max, options.timeout_s)
 

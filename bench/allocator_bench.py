@@ -24,10 +24,10 @@ from tqdm import tqdm
 
 from allocator_report import Results, result_rows, section_body, write_plot
 from allocator_rpc import StepClient, allocator_server, connect, local_allocator, step_request
-from allocator_service.allocator_servicer import AllocatorServicer
-from allocator_service.state import AllocatorState
-from allocator_service.state_store import MemoryStore
-from allocator_service.executor_pool import ExecutorPool
+from allocator_service.server.allocator_servicer import AllocatorServicer
+from allocator_service.durability.state import AllocatorState
+from allocator_service.durability.state_store import MemoryStore
+from allocator_service.core.executor_pool import ExecutorPool
 from allocator_workload import VOCAB_SIZE, DecodeBatch, ServingMix
 from bench_report import add_output_flags, output_paths, replace_section, text_table
 from pagedserve.allocator.v1 import allocator_pb2 as pb

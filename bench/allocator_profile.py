@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from allocator_rpc import local_allocator, step_request
-from allocator_service.allocator import Allocator
-from allocator_service.allocator_servicer import AllocatorServicer
-from allocator_service.state import AllocatorState
-from allocator_service.state_store import MemoryStore
-from allocator_service.executor_pool import ExecutorPool
-from allocator_service.ops import AppendOp
-from allocator_service.validation import validate_ops
+from allocator_service.core.allocator import Allocator
+from allocator_service.server.allocator_servicer import AllocatorServicer
+from allocator_service.durability.state import AllocatorState
+from allocator_service.durability.state_store import MemoryStore
+from allocator_service.core.executor_pool import ExecutorPool
+from pagedserve.protocol.block_ops import AppendOp
+from allocator_service.core.validation import validate_ops
 from allocator_workload import DecodeBatch, ServingMix
 
 

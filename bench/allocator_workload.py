@@ -16,8 +16,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from allocator_service.block import SeqId
-from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
+from allocator_service.core.block import SeqId
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
 
 VOCAB_SIZE = 32_000
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator_service.config import build_parser
+from allocator_service.server.config import build_parser
 
 TARGET_RATIO = 1.5
 TARGET_BATCH = 256
@@ -14,7 +14,7 @@ LEASE_TTL = "3600"
 # Step that triggers it (tens of ms), which would land in whichever percentile it fell in. The
 # snapshot's cost is measured on its own, in the recovery part.
 NO_SNAPSHOTS = 10**9
-# What a spawned allocator gets without the flag: the default in allocator_service/config.py (the
+# What a spawned allocator gets without the flag: the default in allocator_service/server/config.py (the
 # harness strips PAGEDSERVE_* from the allocators' environment; only this process reads it here).
 DEFAULT_SNAPSHOT_EVERY: int = build_parser().get_default("snapshot_every")
 

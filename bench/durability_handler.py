@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from allocator_rpc import step_request
-from allocator_service.allocator import Allocator
-from allocator_service.allocator_servicer import AllocatorServicer
-from allocator_service.ops import BlockOp
-from allocator_service.redis_store import RedisStore
-from allocator_service.state import AllocatorState
-from allocator_service.state_store import MemoryStore, StateStore
+from allocator_service.core.allocator import Allocator
+from allocator_service.server.allocator_servicer import AllocatorServicer
+from pagedserve.protocol.block_ops import BlockOp
+from allocator_service.durability.redis_store import RedisStore
+from allocator_service.durability.state import AllocatorState
+from allocator_service.durability.state_store import MemoryStore, StateStore
 from allocator_workload import DecodeBatch, ServingMix
 from durability_config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
 from durability_latency import Target, rotated

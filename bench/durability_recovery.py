@@ -20,10 +20,10 @@ from tqdm import tqdm
 # allocator_rpc puts tests/ on sys.path, where the subprocess harnesses live: import it first.
 from allocator_rpc import StepClient
 from pagedserve.supervisor.service_process import AllocatorProcess
-from allocator_service import redis_codec, snapshot
-from allocator_service.allocator import Allocator
-from allocator_service.inspection import pool_stats
-from allocator_service.redis_store import RedisStore
+from allocator_service.durability import redis_codec, snapshot
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.inspection import pool_stats
+from allocator_service.durability.redis_store import RedisStore
 from allocator_workload import ServingMix
 from durability_config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
 from durability_report import RecoveryPoint, Results

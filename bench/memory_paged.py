@@ -26,15 +26,15 @@ from types import SimpleNamespace
 
 import torch
 
-from allocator_service.executor_pool import ExecutorPool
-from allocator_service.inspection import pool_stats
-from executor_service.engine.block_allocator import LocalBlockAllocator
+from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.core.inspection import pool_stats
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.engine import Engine
 from executor_service.engine.scheduler import SchedulerConfig
-from executor_service.engine.sequence import Sequence
+from executor_service.engine.request import Sequence
 from memory_samples import Sample, SchemeRun, paged_name
 from memory_workload import Settings, Workload
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 # The engine should never refuse a request for the number of sequences: only memory limits.
 MAX_NUM_SEQS = 1 << 16

@@ -19,8 +19,9 @@ from throughput_workload import Workload
 from tqdm import tqdm
 
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.engine import Engine
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 
 class InProcessLoad:
@@ -53,7 +54,7 @@ def build_in_process(settings: ServeSettings, model_dir: Path) -> Engine:
     return build_engine(model_dir, EngineOptions(
         device=settings.device, dtype=settings.dtype, block_size=16,
         kv_cache_memory=settings.kv_cache_bytes, max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_batched_tokens))
+        max_num_batched_tokens=settings.max_batched_tokens), LocalBlockAllocator())
 
 
 def serve_in_process(engine: Engine, workload: Workload, arrivals: list[float],

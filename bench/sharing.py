@@ -46,9 +46,10 @@ from throughput_workload import ordinary_token_ids, warmup_workload
 from tqdm import tqdm
 
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.engine import Engine
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 SANITY_FAILED_EXIT = 1
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 def build(settings: Settings, model_dir: Path) -> Engine:
     return build_engine(model_dir, EngineOptions(
         device="cpu", dtype="float32", block_size=16, num_blocks=settings.num_blocks,
-        max_num_batched_tokens=settings.max_batched_tokens))
+        max_num_batched_tokens=settings.max_batched_tokens), LocalBlockAllocator())
 
 
 def warmup(token_ids: list[int]) -> list[Submission]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from bench_report import drawn_lengths
 from sharing_workload import BLOCK_SIZE, PARALLEL, SYSTEM
 
-from allocator_service.executor_pool import blocks_for
+from allocator_service.core.executor_pool import blocks_for
 
 if TYPE_CHECKING:
     from sharing_report import Results

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from throughput_workload import CHAT_PROMPTS, SEED, LogNormalLengths, random_prompt
 
-from allocator_service.executor_pool import blocks_for
+from allocator_service.core.executor_pool import blocks_for
 from executor_service.engine.sampler import child_seed
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
 PARALLEL, SYSTEM = "parallel sampling", "shared system prompt"

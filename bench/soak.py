@@ -80,10 +80,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def engine_answers(model_dir: Path) -> list[list[int]]:
     """Each prompt's greedy tokens from the in-process engine: the reference."""
     from executor_service.engine.build import EngineOptions, build_engine
+    from allocator_service.local_block_allocator import LocalBlockAllocator
     from executor_service.engine.offline import generate
-    from pagedserve.common.sampling_params import SamplingParams
+    from pagedserve.protocol.sampling_params import SamplingParams
 
-    engine = build_engine(model_dir, EngineOptions(num_blocks=64))
+    engine = build_engine(model_dir, EngineOptions(num_blocks=64), LocalBlockAllocator())
     completions = generate(engine, PROMPTS, SamplingParams(
         temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True))
     return [completion.choices[0] for completion in completions]

@@ -21,9 +21,10 @@ from throughput_workload import Settings, Workload
 from tqdm import tqdm
 
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.engine import Engine
 from executor_service.engine.offline import generate
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 # Left padding of static batches; masked out, so any id does.
 PAD_TOKEN_ID = 0
@@ -63,7 +64,7 @@ def synchronize(device: str) -> None:
 def build_ours(settings: Settings, model_dir) -> Engine:
     return build_engine(model_dir, EngineOptions(
         device=settings.device, dtype=settings.dtype, kv_cache_memory=settings.kv_cache_bytes,
-        max_num_batched_tokens=settings.max_batched_tokens))
+        max_num_batched_tokens=settings.max_batched_tokens), LocalBlockAllocator())
 
 
 def cache_tokens(engine: Engine) -> int:

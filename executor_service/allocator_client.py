@@ -19,12 +19,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
-from allocator_service.convert import op_to_proto
-from allocator_service.ops import BlockOp, OpResult, OpStatus, StepResult
 from executor_service.lease_keeper import LeaseKeeper
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
+from pagedserve.protocol.block_codec import op_to_proto, step_result_from_proto
+from pagedserve.protocol.block_ops import BlockOp, StepResult
 
 log = logging.getLogger(__name__)
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -38,12 +38,6 @@ class PoolLost(Exception):
 class AllocatorGone(Exception):
     """The allocator did not answer within the retry deadline."""
 
-
-def step_result_from_proto(response: pb.StepResponse) -> StepResult:
-    results = [OpResult(OpStatus(r.status), r.message, list(r.block_table), r.num_cached_tokens,
-                        list(r.new_blocks), [(c.src_block, c.dst_block) for c in r.copies])
-               for r in response.results]
-    return StepResult(results, response.num_free_blocks, response.replayed)
 
 
 class RemoteStep:

@@ -1,43 +1,21 @@
-"""proto <-> domain conversions for the executor; nothing else lives here."""
+"""proto <-> domain conversions of the executor's own messages (request updates, refusals,
+request ids). Sampling parameters and finish reasons are the shared protocol's codecs."""
 from __future__ import annotations
 
-from allocator_service.limits import Limits
-from executor_service.engine.request import RequestOutput
-from pagedserve.common.sampling_params import MAX_N, SamplingParams
+from executor_service.engine.request_output import RequestOutput
 from executor_service.serving_loop import Refusal
 from pagedserve.common.error_interceptor import status_of
 from pagedserve.common.errors import InvalidArgument
 from pagedserve.executor.v1 import executor_pb2 as pb
+from pagedserve.protocol.finish_reason import finish_reason_to_proto
+from pagedserve.protocol.limits import Limits
+from pagedserve.protocol.sampling_params import MAX_N
 
-FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
-                  "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED,
-                  "error": pb.FINISH_REASON_ERROR}
 # A request's sequence ids are "<request_id>#<index>", and the allocator refuses a whole Step
 # (every request in it) over one id longer than its limit: the request id leaves room for the
 # longest suffix.
 MAX_SEQ_ID = Limits().max_id_length
 MAX_REQUEST_ID = MAX_SEQ_ID - len(f"#{MAX_N - 1}")
-DEFAULT_MAX_TOKENS = 16
-
-
-def sampling_from_proto(message: pb.SamplingParams) -> SamplingParams:
-    """Unset fields take the defaults the proto documents; ranges are checked by the engine."""
-    return SamplingParams(
-        n=message.n or 1,
-        max_tokens=message.max_tokens or DEFAULT_MAX_TOKENS,
-        temperature=message.temperature if message.HasField("temperature") else 1.0,
-        top_k=message.top_k,
-        top_p=message.top_p if message.HasField("top_p") else 1.0,
-        min_p=message.min_p,
-        seed=message.seed if message.HasField("seed") else None,
-        repetition_penalty=(message.repetition_penalty
-                            if message.HasField("repetition_penalty") else 1.0),
-        presence_penalty=message.presence_penalty,
-        frequency_penalty=message.frequency_penalty,
-        stop_token_ids=tuple(message.stop_token_ids),
-        ignore_eos=message.ignore_eos,
-        logprobs=message.logprobs if message.HasField("logprobs") else None,
-    )
 
 
 def check_request_id(request_id: str) -> None:
@@ -51,7 +29,7 @@ def update_to_proto(output: RequestOutput) -> pb.RequestUpdate:
     update = pb.RequestUpdate(request_id=output.request_id, finished=output.finished)
     for delta in output.deltas:
         completion = update.completions.add(index=delta.index, token_ids=delta.token_ids,
-                                            finish_reason=FINISH_REASONS[delta.finish_reason])
+                                            finish_reason=finish_reason_to_proto(delta.finish_reason))
         for logprob in delta.logprobs or ():
             completion.logprobs.add(token_id=logprob.token_id, logprob=logprob.logprob,
                                     top=[pb.TopLogprob(token_id=t, logprob=p)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from executor_service.allocator_client import PoolLost
 from executor_service.engine.engine import Engine
-from executor_service.engine.request import RequestOutput
-from pagedserve.common.sampling_params import SamplingParams
+from executor_service.engine.request_output import RequestOutput
 from pagedserve.common.errors import PagedServeError
+from pagedserve.protocol.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

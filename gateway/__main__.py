@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from gateway.admission import Admission
 from gateway.cluster_metrics import ClusterCollector
 from gateway.config import GatewayConfig, parse_config
-from gateway.executor_directory import ExecutorDirectory
+from gateway.executors.directory import ExecutorDirectory
 from gateway.generation import Generator
-from gateway.http_api import OpenAIHttpApi
-from gateway.http_server import HttpServer
 from gateway.metrics import GatewayMetrics
+from gateway.openai_http.api import OpenAIHttpApi
+from gateway.openai_http.server import HttpServer
 from gateway.servicer import GatewayServicer
 from pagedserve.common.aio_server import AsyncGrpcService
 from pagedserve.common.auth import AsyncBearerTokenInterceptor

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.stop_strings import StopStringMatcher
 from gateway.tokenizer import GatewayTokenizer
-
-# Executor finish reasons (pagedserve.executor.v1.FinishReason) as the gateway's words.
-FINISH_REASONS = {1: "stop", 2: "length", 3: "cancelled", 4: "error"}
+from pagedserve.protocol.finish_reason import finish_reason_from_proto
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +66,8 @@ class ChoiceStream:
             self.finish_reason = delta.finish_reason = "stop"
         elif executor_finish:
             delta.text += self._stops.flush()
-            self.finish_reason = delta.finish_reason = FINISH_REASONS.get(executor_finish,
-                                                                          "error")
+            self.finish_reason = delta.finish_reason = finish_reason_from_proto(
+                executor_finish)
         return delta
 
     def end(self, reason: str, error: str = "") -> ChoiceDelta:

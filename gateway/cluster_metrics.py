@@ -24,7 +24,7 @@ import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.executor_directory import ExecutorDirectory
+from gateway.executors.directory import ExecutorDirectory
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.executor.v1 import executor_pb2 as epb

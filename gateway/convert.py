@@ -4,14 +4,9 @@ from __future__ import annotations
 from gateway.choice_stream import ChoiceDelta
 from gateway.generation import GenerationEvent
 from gateway.generation_request import ChatMessage, GenerationRequest
-from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.gateway.v1 import gateway_pb2 as pb
-
-# The proto documents max_tokens' default as 16 (OpenAI's for completions).
-DEFAULT_MAX_TOKENS = 16
-FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
-                  "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED,
-                  "error": pb.FINISH_REASON_ERROR}
+from pagedserve.protocol.finish_reason import finish_reason_to_proto
+from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 
 def _optional(message, name: str, default):
@@ -65,7 +60,7 @@ def tokenize_request_from_proto(message: pb.TokenizeRequest) -> GenerationReques
 
 def choice_to_proto(delta: ChoiceDelta) -> pb.ChoiceDelta:
     message = pb.ChoiceDelta(index=delta.index, text=delta.text, token_ids=delta.token_ids,
-                             finish_reason=FINISH_REASONS[delta.finish_reason],
+                             finish_reason=finish_reason_to_proto(delta.finish_reason),
                              error=delta.error)
     for entry in delta.logprobs:
         message.logprobs.add(token_id=entry.token_id, token=entry.token, logprob=entry.logprob,

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 
-from gateway import router
 from gateway.admission import Admission
 from gateway.choice_stream import ChoiceDelta, ChoiceStream
-from gateway.executor_directory import ExecutorDirectory, ExecutorEntry, ServedModel
-from gateway.executor_link import LinkLost
-from gateway.executor_requests import sampling_to_proto
+from gateway.executors import router
+from gateway.executors.directory import ExecutorDirectory, ExecutorEntry, ServedModel
+from gateway.executors.link import LinkLost
 from gateway.generation_request import GenerationRequest
 from gateway.prompt import generation_budget, prompt_token_ids
 from gateway.tenancy import scoped_salt
@@ -40,6 +39,7 @@ from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.common import errors
 from pagedserve.common.errors import InvalidArgument, NotFound, Unavailable
+from pagedserve.protocol.sampling_codec import sampling_to_proto
 
 log = logging.getLogger(__name__)
 MATCH_TIMEOUT_S = 2.0

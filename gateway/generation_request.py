@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedserve.common.errors import InvalidArgument
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 64

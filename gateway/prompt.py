@@ -3,7 +3,7 @@ model before anything is admitted: a prompt that can never be served is refused 
 than after it waited in a queue."""
 from __future__ import annotations
 
-from gateway.executor_directory import ServedModel
+from gateway.executors.directory import ServedModel
 from gateway.generation_request import GenerationRequest
 from pagedserve.common.errors import InvalidArgument
 

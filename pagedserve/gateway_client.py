@@ -21,14 +21,10 @@ import grpc
 from pagedserve.common.client import open_channel
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
+from pagedserve.protocol.finish_reason import finish_reason_from_proto
 
 # A prompt: plain text, token ids, or chat messages ({"role": ..., "content": ...}).
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
-
-FINISH_REASONS: dict[int, str | None] = {
-    pb.FINISH_REASON_UNSPECIFIED: None, pb.FINISH_REASON_STOP: "stop",
-    pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CANCELLED: "cancelled",
-    pb.FINISH_REASON_ERROR: "error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +88,7 @@ class GenerationStream:
                     self.usage = Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
                 for choice in message.choices:
                     yield Delta(choice.index, choice.text, tuple(choice.token_ids),
-                                FINISH_REASONS.get(choice.finish_reason), choice.error,
+                                finish_reason_from_proto(choice.finish_reason), choice.error,
                                 tuple(choice.logprobs))
         except grpc.RpcError as error:
             if not (self._cancelled and error.code() == grpc.StatusCode.CANCELLED):

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "configuration.md"
 # (command as typed, module whose build_parser() it runs)
 COMMANDS = [
-    ("python -m allocator_service", "allocator_service.config"),
+    ("python -m allocator_service", "allocator_service.server.config"),
     ("python -m executor_service", "executor_service.config"),
     ("python -m gateway", "gateway.config"),
     ("pagedserve up", "pagedserve.cli.up"),

@@ -9,10 +9,10 @@ from __future__ import annotations
 import struct
 from hashlib import blake2b
 
-from allocator_service.allocator import Allocator
-from allocator_service.block_hash import BlockHash, chain_hash
-from allocator_service.executor_pool import ExecutorPool
-from allocator_service.inspection import block_views
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.block_hash import BlockHash, chain_hash
+from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.core.inspection import block_views
 
 NUM_BLOCKS = 11
 BLOCK_SIZE = 4

@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
 from pagedserve.supervisor.service_process import AllocatorProcess
-from allocator_service.block_hash import chain_hash
+from allocator_service.core.block_hash import chain_hash
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from wire_helpers import Executor, allocate, append, fork, free, health_status, register

@@ -19,13 +19,14 @@ from pagedserve.supervisor.service_process import ExecutorProcess
 from executor_stream import Stream
 
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.offline import generate
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.tokenizer import GatewayTokenizer
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 from pagedserve.gateway_client import GatewayClient
 
 MAX_TOKENS = 96
@@ -143,7 +144,7 @@ def undisturbed(cache: Path, all_prompts: Sequence[list[int]], max_tokens: int =
     """What the in-process engine answers, greedily, for each prompt, and the text the gateway
     makes of those tokens (its own detokenizer over the model's tokenizer files)."""
     directory = embedded_model_dir(cache)
-    engine = build_engine(directory, EngineOptions(num_blocks=256))
+    engine = build_engine(directory, EngineOptions(num_blocks=256), LocalBlockAllocator())
     completions = generate(engine, list(all_prompts), SamplingParams(
         temperature=0, max_tokens=max_tokens, ignore_eos=True))
     tokenizer = GatewayTokenizer.from_files({path.name: path.read_bytes()

@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
 
-from allocator_service.allocator import Allocator, StepResult
-from allocator_service.audit import audit_pool
-from allocator_service.block_hash import BlockHash, chain_hash
-from allocator_service.errors import InvalidOp, StaleEpoch, StepIdReused, StepIdTooOld
-from allocator_service.executor_pool import ExecutorPool, blocks_for
-from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, OpStatus
+from allocator_service.core.allocator import Allocator, StepResult
+from allocator_service.core.audit import audit_pool
+from allocator_service.core.block_hash import BlockHash, chain_hash
+from allocator_service.core.errors import StaleEpoch, StepIdReused, StepIdTooOld
+from pagedserve.protocol.block_ops import InvalidOp
+from allocator_service.core.executor_pool import ExecutorPool, blocks_for
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, OpStatus
 
 LEASE_TTL = 10
 STEP_LOG_SIZE = 4

@@ -5,7 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from gateway.http_api import OpenAIHttpApi
+from gateway.openai_http.api import OpenAIHttpApi
 
 import test_generated_code   # the module, not its names: pytest would collect its tests again
 

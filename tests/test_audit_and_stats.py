@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from allocator_service.audit import audit_pool
-from allocator_service.executor_pool import ExecutorPool
-from allocator_service.inspection import BlockState, block_views, pool_stats
-from allocator_service.ops import Allocation
+from allocator_service.core.audit import audit_pool
+from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.core.inspection import BlockState, block_views, pool_stats
+from pagedserve.protocol.block_ops import Allocation
 from core_helpers import A10, new_pool
 
 

@@ -22,6 +22,7 @@ from memory_samples import Sample  # noqa: E402
 from memory_workload import QUICK, draw_workload  # noqa: E402
 
 from executor_service.engine.build import EngineOptions, build_engine  # noqa: E402
+from allocator_service.local_block_allocator import LocalBlockAllocator
 
 METRICS = ("allocated KV slots holding tokens while requests wait, paged block 16",
            "mean concurrent sequences while requests wait, paged block 16 / contiguous "
@@ -117,7 +118,7 @@ def test_stand_in_forward_pass_gives_the_samples_of_a_real_model(tmp_path: Path)
         dtype="float32", block_size=block_size, num_blocks=settings.budget_slots // block_size,
         max_model_len=settings.max_model_len, max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=settings.max_batched_tokens,
-        lookahead_slots=settings.lookahead_slots))
+        lookahead_slots=settings.lookahead_slots), LocalBlockAllocator())
     real_run = replay_paged(real, workload)
     stand_in_run = replay_paged(stand_in_engine(settings, block_size), workload)
     assert real_run.preemptions > 0 and real_run.num_saturated > 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hashlib import blake2b
 
-from allocator_service.block_hash import chain_hash, root_hash
+from allocator_service.core.block_hash import chain_hash, root_hash
 
 
 def test_root_hash_matches_documented_encoding():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from compose_file import COMPOSE_FILE, active_services, flag_value, load_compose
 
-from allocator_service.config import build_parser as allocator_parser
+from allocator_service.server.config import build_parser as allocator_parser
 from executor_service.config import build_parser as executor_parser
 from gateway.config import build_parser as gateway_parser
 from pagedserve.cli.health import build_parser as health_parser

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import allocator_service.config
+import allocator_service.server.config
 import executor_service.config
 import gateway.config
 from executor_service.config import parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"allocator": allocator_service.config, "executor": executor_service.config,
+SERVICES = {"allocator": allocator_service.server.config, "executor": executor_service.config,
             "gateway": gateway.config}
 ENV_NOTE = re.compile(r"\(env ([A-Z][A-Z0-9_]*)(?:, [^)]*)?\)$")
 # Service flags that read no environment variable (none today).

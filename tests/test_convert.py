@@ -1,13 +1,13 @@
-"""proto <-> domain conversions of the allocator keep every field."""
+"""The block protocol's codec (pagedserve.protocol.block_codec) keeps every field, both ways."""
 from __future__ import annotations
 
 import pytest
 
-from allocator_service.convert import op_to_proto, ops_from_proto, step_response
-from allocator_service.errors import InvalidOp
-from allocator_service.ops import (AllocateOp, AppendOp, ForkOp, FreeOp, OpResult, OpStatus,
-                                   StepResult)
+from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp, FreeOp, InvalidOp,
+                                           OpResult, OpStatus, StepResult)
 from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.protocol.block_codec import (op_to_proto, ops_from_proto, step_result_from_proto,
+                                             step_result_to_proto)
 
 
 def test_every_op_kind_round_trips_through_its_proto() -> None:
@@ -27,10 +27,11 @@ def test_step_response_carries_statuses_tables_and_copies() -> None:
         OpResult(new_blocks=[7], copies=[(4, 8)]),
         OpResult(OpStatus.OUT_OF_BLOCKS, "out of blocks: 0 of 9 free"),
     ], num_free_blocks=0, replayed=True)
-    response = step_response(result)
+    response = step_result_to_proto(result)
     assert response == pb.StepResponse(
         results=[pb.OpResult(block_table=[3, 4], num_cached_tokens=16),
                  pb.OpResult(new_blocks=[7], copies=[pb.BlockCopy(src_block=4, dst_block=8)]),
                  pb.OpResult(status=pb.OP_STATUS_OUT_OF_BLOCKS,
                              message="out of blocks: 0 of 9 free")],
         replayed=True, num_free_blocks=0)
+    assert step_result_from_proto(response) == result

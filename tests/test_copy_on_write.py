@@ -4,8 +4,8 @@ Exact ids on 11 blocks of 4 slots; see core_helpers for the free list order behi
 """
 from __future__ import annotations
 
-from allocator_service.audit import audit_pool
-from allocator_service.ops import AllocateOp, Allocation, AppendOp, ForkOp, Growth, OpStatus
+from allocator_service.core.audit import audit_pool
+from pagedserve.protocol.block_ops import AllocateOp, Allocation, AppendOp, ForkOp, Growth, OpStatus
 from core_helpers import new_pool, registered, table
 
 

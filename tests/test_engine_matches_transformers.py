@@ -10,10 +10,11 @@ import pytest
 from model_checkpoints import (ARCHITECTURES, random_prompts, transformers_greedy,
                                write_checkpoint)
 
-from allocator_service.audit import audit_pool
+from allocator_service.core.audit import audit_pool
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.offline import generate
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 MAX_NEW = 20
 
@@ -37,7 +38,7 @@ def checkpoint(request, tmp_path_factory) -> tuple[Path, list[list[int]], list[l
 
 def test_concurrent_batch_of_different_lengths(checkpoint):
     directory, prompts, expected = checkpoint
-    engine = build_engine(directory, EngineOptions(num_blocks=128))
+    engine = build_engine(directory, EngineOptions(num_blocks=128), LocalBlockAllocator())
     completions = generate(engine, prompts, GREEDY)
     assert [c.choices[0] for c in completions] == expected
     assert all(c.finish_reasons == ["length"] for c in completions)
@@ -48,7 +49,8 @@ def test_chunked_prefill(checkpoint):
     """A budget of 16 tokens per iteration: the longer prompts take several iterations, next
     to other sequences' decodes."""
     directory, prompts, expected = checkpoint
-    engine = build_engine(directory, EngineOptions(num_blocks=128, max_num_batched_tokens=16))
+    engine = build_engine(directory, EngineOptions(num_blocks=128, max_num_batched_tokens=16),
+                          LocalBlockAllocator())
     completions = generate(engine, prompts, GREEDY)
     assert [c.choices[0] for c in completions] == expected
     assert_pool_clean(engine)
@@ -59,7 +61,7 @@ def test_prefix_cache_hit_gives_the_same_tokens_and_reports_cached_tokens(checkp
     shared = prompts[-1][:64]
     first, second = shared + [7, 8, 9], shared + [11, 12]
     expected = transformers_greedy(directory, [first, second], MAX_NEW)
-    engine = build_engine(directory, EngineOptions(num_blocks=128))
+    engine = build_engine(directory, EngineOptions(num_blocks=128), LocalBlockAllocator())
     (one,) = generate(engine, [first], GREEDY)
     (two,) = generate(engine, [second], GREEDY)
     assert [one.choices[0], two.choices[0]] == expected
@@ -71,7 +73,8 @@ def test_prefix_cache_hit_gives_the_same_tokens_and_reports_cached_tokens(checkp
 def test_preemption_when_the_pool_is_too_small(checkpoint):
     """14 blocks of 16 slots cannot hold six sequences growing to 110 tokens at once."""
     directory, prompts, expected = checkpoint
-    engine = build_engine(directory, EngineOptions(num_blocks=14, max_num_batched_tokens=64))
+    engine = build_engine(directory, EngineOptions(num_blocks=14, max_num_batched_tokens=64),
+                          LocalBlockAllocator())
     completions = generate(engine, prompts, GREEDY)
     assert engine.scheduler.num_preemptions > 0
     assert [c.choices[0] for c in completions] == expected

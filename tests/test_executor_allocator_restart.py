@@ -18,8 +18,9 @@ from executor_stream import Stream, tokens_of, used_blocks, wait_for
 from pagedserve.supervisor.service_process import pagedctl_audit
 
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.offline import generate
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 from executor_service.model.embedded import embedded_model_dir
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
@@ -65,7 +66,8 @@ def test_streams_finish_identically_across_an_allocator_kill(durable, tmp_path, 
             for update in reversed(early):
                 streamed[update.request_id].insert(0, update)
             stream.close()
-            engine = build_engine(embedded_model_dir(cache), EngineOptions(num_blocks=256))
+            engine = build_engine(embedded_model_dir(cache), EngineOptions(num_blocks=256),
+                                  LocalBlockAllocator())
             expected = generate(engine, list(PROMPTS.values()),
                                 SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                ignore_eos=True))

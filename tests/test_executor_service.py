@@ -12,8 +12,9 @@ from executor_stream import Stream, tokens_of, used_blocks, wait_for
 from pagedserve.supervisor.service_process import pagedctl_audit
 
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.offline import generate
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 from executor_service.model.embedded import embedded_model_dir
 from executor_service.model.tokenizer_files import load_tokenizer_files
 from pagedserve.executor.v1 import executor_pb2 as pb
@@ -37,7 +38,8 @@ def test_streamed_greedy_tokens_equal_the_in_process_engine(stack):
     updates = stream.until_finished("greedy")
     stream.close()
     assert len(updates) > 2, "tokens arrive as a stream, not in one piece"
-    engine = build_engine(embedded_model_dir(cache), EngineOptions(num_blocks=64))
+    engine = build_engine(embedded_model_dir(cache), EngineOptions(num_blocks=64),
+                          LocalBlockAllocator())
     (expected,) = generate(engine, [prompt], SamplingParams(temperature=0, max_tokens=24,
                                                             ignore_eos=True))
     assert tokens_of(updates) == expected.choices[0]

@@ -16,7 +16,7 @@ from executor_stream import Stream, tokens_of, wait_for
 from pagedserve.supervisor.service_process import pagedctl_audit
 from wire_helpers import Code, allocate, register, rpc_error, seq_ids
 
-from allocator_service.executor_tokens import parse_executor_tokens
+from allocator_service.server.executor_tokens import parse_executor_tokens
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 

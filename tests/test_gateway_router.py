@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.router import OVERLOAD_WAITING, Candidate, choose, score
+from gateway.executors.router import OVERLOAD_WAITING, Candidate, choose, score
 
 
 def candidate(executor_id: str, cached: int = 0, free: int = 100, waiting: int = 0,

@@ -12,9 +12,10 @@ from executor_stream import used_blocks, wait_for
 from pagedserve.supervisor.service_process import pagedctl_audit
 
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.offline import generate
 from executor_service.model.embedded import embedded_model_dir
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 
@@ -43,7 +44,8 @@ def test_a_text_prompt_streams_the_engines_greedy_tokens_as_their_text(stack):
     assert len(responses) > 2, "text arrives as a stream"
     assert (responses[0].model, responses[0].request_id[:3]) == (MODEL, "gw-")
     token_ids = [t for r in responses for c in r.choices for t in c.token_ids]
-    engine = build_engine(embedded_model_dir(cache), EngineOptions(num_blocks=64))
+    engine = build_engine(embedded_model_dir(cache), EngineOptions(num_blocks=64),
+                          LocalBlockAllocator())
     (expected,) = generate(engine, [list(b"Hello, gateway")],
                            SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     assert token_ids == expected.choices[0]

@@ -10,17 +10,20 @@ import json
 
 import pytest
 
-from allocator_service import commands, convert, snapshot
-from allocator_service.admin_servicer import AllocatorAdminServicer
-from allocator_service.allocator import Allocator
-from allocator_service.allocator_servicer import AllocatorServicer
-from allocator_service.audit import audit_pool
-from allocator_service.commands import Command, CorruptJournal
-from allocator_service.errors import InvalidOp, StaleEpoch, StepIdReused, UnknownExecutor
-from allocator_service.kv_events import KvEvent
-from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, StepResult
-from allocator_service.state import AllocatorState
-from allocator_service.state_store import MemoryStore
+from allocator_service.durability import commands, snapshot
+
+from pagedserve.protocol.block_codec import op_to_proto
+from allocator_service.server.admin_servicer import AllocatorAdminServicer
+from allocator_service.core.allocator import Allocator
+from allocator_service.server.allocator_servicer import AllocatorServicer
+from allocator_service.core.audit import audit_pool
+from allocator_service.durability.commands import Command, CorruptJournal
+from allocator_service.core.errors import StaleEpoch, StepIdReused, UnknownExecutor
+from pagedserve.protocol.block_ops import InvalidOp
+from allocator_service.core.kv_events import KvEvent
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, StepResult
+from allocator_service.durability.state import AllocatorState
+from allocator_service.durability.state_store import MemoryStore
 from core_helpers import A10, core_state
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.errors import InvalidArgument, Unavailable
@@ -64,7 +67,7 @@ def registration(executor_id: str, num_blocks: int = 11, block_size: int = 4
 
 def step_request(executor_id: str, epoch: int, step_id: int, *ops: BlockOp) -> pb.StepRequest:
     return pb.StepRequest(executor_id=executor_id, epoch=epoch, step_id=step_id,
-                          ops=[convert.op_to_proto(op) for op in ops])
+                          ops=[op_to_proto(op) for op in ops])
 
 
 def step_body(executor_id: str, epoch: int, step_id: int, *ops: BlockOp) -> bytes:

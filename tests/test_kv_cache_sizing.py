@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.config import parse_config
 from executor_service.engine.build import (DEFAULT_CPU_KV_CACHE_MEMORY, EngineOptions,
                                            build_engine)
@@ -57,12 +58,14 @@ def test_the_profiling_pass_runs_the_largest_batch(checkpoint, num_tokens, max_m
 
 
 def test_block_count_comes_from_the_first_size_given(checkpoint):
-    engine = build_engine(checkpoint, EngineOptions(num_blocks=7, kv_cache_memory=GiB))
+    engine = build_engine(checkpoint, EngineOptions(num_blocks=7, kv_cache_memory=GiB),
+                          LocalBlockAllocator())
     assert engine.runner.kv_cache.shape[2] == 7
     _, spec = loaded(checkpoint, "cpu")
-    engine = build_engine(checkpoint, EngineOptions(kv_cache_memory=100 * spec.bytes_per_block))
+    engine = build_engine(checkpoint, EngineOptions(kv_cache_memory=100 * spec.bytes_per_block),
+                          LocalBlockAllocator())
     assert engine.runner.kv_cache.shape[2] == 100
-    engine = build_engine(checkpoint, EngineOptions())
+    engine = build_engine(checkpoint, EngineOptions(), LocalBlockAllocator())
     assert engine.runner.kv_cache.shape[2] == DEFAULT_CPU_KV_CACHE_MEMORY // spec.bytes_per_block
 
 
@@ -92,7 +95,7 @@ def test_utilization_sizes_the_cache_from_measured_gpu_memory(checkpoint):
     torch.cuda.empty_cache()
     engine = build_engine(checkpoint, EngineOptions(device="cuda", dtype="float32",
                                                     max_model_len=512,
-                                                    gpu_memory_utilization=0.5))
+                                                    gpu_memory_utilization=0.5), LocalBlockAllocator())
     cache = engine.runner.kv_cache
     expected = kv_cache_budget(memory, 0.5) // spec.bytes_per_block
     # Both measurements see the same device, give or take what other processes did meanwhile.

@@ -15,14 +15,14 @@ import time
 from hypothesis import settings
 from hypothesis.stateful import invariant
 
-from allocator_service import commands
-from allocator_service.allocator import Allocator
-from allocator_service.block_hash import chain_hash, root_hash
-from allocator_service.commands import Command
-from allocator_service.kv_events import KvEvent, KvEventType, PoolResetReason
-from allocator_service.ops import AllocateOp, AppendOp, ForkOp, FreeOp
-from allocator_service.state import AllocatorState
-from allocator_service.state_store import MemoryStore
+from allocator_service.durability import commands
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.block_hash import chain_hash, root_hash
+from allocator_service.durability.commands import Command
+from allocator_service.core.kv_events import KvEvent, KvEventType, PoolResetReason
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp, FreeOp
+from allocator_service.durability.state import AllocatorState
+from allocator_service.durability.state_store import MemoryStore
 from core_helpers import A10, BLOCK_SIZE, NUM_BLOCKS, parent_blind_hash, step
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from test_allocator_stateful import AllocatorMachine, WeakHashAllocatorMachine

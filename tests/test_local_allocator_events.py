@@ -6,7 +6,8 @@ import pytest
 from model_checkpoints import random_prompts, write_checkpoint
 
 from executor_service.engine.build import EngineOptions, build_engine
-from pagedserve.common.sampling_params import SamplingParams
+from allocator_service.local_block_allocator import LocalBlockAllocator
+from pagedserve.protocol.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +16,7 @@ def checkpoint(tmp_path_factory):
 
 
 def test_an_in_process_engine_keeps_no_kv_events(checkpoint):
-    engine = build_engine(checkpoint, EngineOptions(num_blocks=64))
+    engine = build_engine(checkpoint, EngineOptions(num_blocks=64), LocalBlockAllocator())
     for index, prompt in enumerate(random_prompts([20, 24, 40], seed=4)):
         engine.add_request(f"e{index}", prompt, SamplingParams(max_tokens=3))
     while engine.has_work():

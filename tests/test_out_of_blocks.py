@@ -5,8 +5,8 @@ Exact ids on 11 blocks of 4 slots; see core_helpers for the free list order behi
 """
 from __future__ import annotations
 
-from allocator_service.executor_pool import ExecutorPool
-from allocator_service.ops import AllocateOp, Allocation, AppendOp, OpStatus
+from allocator_service.core.executor_pool import ExecutorPool
+from pagedserve.protocol.block_ops import AllocateOp, Allocation, AppendOp, OpStatus
 from core_helpers import A9, free_ids, new_pool, registered, snapshot
 
 

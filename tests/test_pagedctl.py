@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from pagedserve.supervisor.service_process import REPO_ROOT, AllocatorProcess, hermetic_env
-from allocator_service.block_hash import chain_hash, root_hash
+from allocator_service.core.block_hash import chain_hash, root_hash
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from wire_helpers import TOKEN, Executor, allocate, append, free, pool_stats, register

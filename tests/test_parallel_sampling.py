@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from model_checkpoints import random_prompts, write_checkpoint
 
-from allocator_service.audit import audit_pool
+from allocator_service.core.audit import audit_pool
 from executor_service.engine.build import EngineOptions, build_engine
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.offline import generate
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 PROMPT_LEN = 40        # two full blocks of 16 and a shared partial third
 SEEDED = SamplingParams(n=4, temperature=1.0, top_p=0.95, seed=1234, max_tokens=12,
@@ -28,17 +29,20 @@ def pool_of(engine):
 
 def test_seeded_n4_is_reproducible_and_independent_of_the_batch(checkpoint):
     (prompt,) = random_prompts([PROMPT_LEN], seed=5)
-    (alone,) = generate(build_engine(checkpoint, EngineOptions(num_blocks=64)), [prompt],
+    (alone,) = generate(build_engine(checkpoint, EngineOptions(num_blocks=64),
+                                     LocalBlockAllocator()), [prompt],
                         SEEDED)
     others = random_prompts([7, 30], seed=6)
-    crowded = generate(build_engine(checkpoint, EngineOptions(num_blocks=64)),
+    crowded = generate(build_engine(checkpoint, EngineOptions(num_blocks=64),
+                                    LocalBlockAllocator()),
                        [others[0], prompt, others[1]],
                        [SamplingParams(temperature=1.0, max_tokens=20), SEEDED,
                         SamplingParams(n=3, temperature=0.7, max_tokens=5)])
     assert crowded[1].choices == alone.choices
     assert len({tuple(choice) for choice in alone.choices}) > 1, "the choices should differ"
     # Choice 0 keeps the request's seed, so it is what n = 1 with that seed gives.
-    (single,) = generate(build_engine(checkpoint, EngineOptions(num_blocks=64)), [prompt],
+    (single,) = generate(build_engine(checkpoint, EngineOptions(num_blocks=64),
+                                      LocalBlockAllocator()), [prompt],
                          SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=12,
                                         ignore_eos=True))
     assert single.choices[0] == alone.choices[0]
@@ -47,7 +51,7 @@ def test_seeded_n4_is_reproducible_and_independent_of_the_batch(checkpoint):
 
 def test_fork_shares_the_prompt_blocks_instead_of_copying_them(checkpoint):
     (prompt,) = random_prompts([PROMPT_LEN], seed=8)
-    engine = build_engine(checkpoint, EngineOptions(num_blocks=64))
+    engine = build_engine(checkpoint, EngineOptions(num_blocks=64), LocalBlockAllocator())
     engine.add_request("fan-out", prompt, SEEDED)
     while len(pool_of(engine).sequences) < 4:
         engine.step()

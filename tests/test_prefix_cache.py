@@ -9,10 +9,10 @@ from hashlib import blake2b
 
 import pytest
 
-from allocator_service.allocator import Allocator
-from allocator_service.audit import audit_pool
-from allocator_service.block_hash import BlockHash
-from allocator_service.ops import AllocateOp, Allocation, AppendOp, FreeOp, Growth
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.audit import audit_pool
+from allocator_service.core.block_hash import BlockHash
+from pagedserve.protocol.block_ops import AllocateOp, Allocation, AppendOp, FreeOp, Growth
 from core_helpers import (A9, A10, BLOCK_SIZE, NUM_BLOCKS, cached_ids, free_ids, new_pool,
                           registered, table)
 

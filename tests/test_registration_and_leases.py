@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from allocator_service.allocator import Allocator
-from allocator_service.errors import StaleEpoch, UnknownExecutor
-from allocator_service.limits import Limits
-from allocator_service.ops import AllocateOp, FreeOp
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.errors import StaleEpoch, UnknownExecutor
+from pagedserve.protocol.limits import Limits
+from pagedserve.protocol.block_ops import AllocateOp, FreeOp
 from core_helpers import A9, BLOCK_SIZE, NUM_BLOCKS, free_ids, registered
 from pagedserve.common.errors import InvalidArgument
 

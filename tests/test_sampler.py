@@ -12,7 +12,7 @@ import torch
 
 from executor_service.engine.sampler import (Sampler, SamplingRow, apply_penalties, child_seed,
                                              make_generator)
-from pagedserve.common.sampling_params import MAX_LOGPROBS, SamplingParams
+from pagedserve.protocol.sampling_params import MAX_LOGPROBS, SamplingParams
 from executor_service.engine.stop_check import finish_reason
 from pagedserve.common.errors import InvalidArgument
 

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from allocator_service import snapshot
-from allocator_service.allocator import Allocator
-from allocator_service.audit import audit_pool
-from allocator_service.block_hash import chain_hash, root_hash
-from allocator_service.errors import StepIdReused
-from allocator_service.inspection import BlockState, block_views
-from allocator_service.ops import (AllocateOp, AppendOp, ForkOp, FreeOp, OpResult, OpStatus,
+from allocator_service.durability import snapshot
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.audit import audit_pool
+from allocator_service.core.block_hash import chain_hash, root_hash
+from allocator_service.core.errors import StepIdReused
+from allocator_service.core.inspection import BlockState, block_views
+from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp, FreeOp, OpResult, OpStatus,
                                    StepResult)
 from core_helpers import (A10, BLOCK_SIZE, NUM_BLOCKS, core_state, free_ids, step,
                           step_digest_of, weak_hash)

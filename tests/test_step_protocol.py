@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from allocator_service.errors import InvalidOp, StepIdReused, StepIdTooOld, UnknownSequence
-from allocator_service.executor_pool import PromptTooLarge
-from allocator_service.limits import Limits
-from allocator_service.ops import AllocateOp, AppendOp, ForkOp, FreeOp, OpStatus
+from allocator_service.core.errors import StepIdReused, StepIdTooOld, UnknownSequence
+from pagedserve.protocol.block_ops import InvalidOp
+from allocator_service.core.executor_pool import PromptTooLarge
+from pagedserve.protocol.limits import Limits
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp, FreeOp, OpStatus
 from core_helpers import free_ids, new_pool, registered, snapshot
 
 

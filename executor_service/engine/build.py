@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from executor_service.engine.block_allocator import BlockAllocator, LocalBlockAllocator
+from executor_service.engine.block_allocator import BlockAllocator
 from executor_service.engine.context_window import served_window
 from executor_service.engine.engine import Engine
 from executor_service.engine.memory_profile import kv_cache_budget, measure_gpu_memory
@@ -16,7 +16,6 @@ from executor_service.model.causal_lm import CausalLM
 from executor_service.model.loader import load_model, resolve_dtype
 from executor_service.model.model_config import ModelConfig
 from kernels import KvCacheSpec, allocate_kv_cache
-
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 256 * 1024 ** 2
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -59,8 +58,9 @@ def kv_cache_bytes(model: CausalLM, spec: KvCacheSpec, options: EngineOptions,
     return kv_cache_budget(memory, options.gpu_memory_utilization)
 
 
-def build_engine(directory: Path, options: EngineOptions = EngineOptions(),
-                 allocator: BlockAllocator | None = None) -> Engine:
+def build_engine(directory: Path, options: EngineOptions, allocator: BlockAllocator) -> Engine:
+    """The engine for a checkpoint, its pool registered with `allocator`: the service's client
+    (RemoteBlockAllocator) in an executor, an in-process LocalBlockAllocator elsewhere."""
     directory = Path(directory)
     device = torch.device(options.device)
     config = ModelConfig.from_dir(directory, max_model_len=options.max_model_len)
@@ -79,7 +79,7 @@ def build_engine(directory: Path, options: EngineOptions = EngineOptions(),
     kv_cache = allocate_kv_cache(spec, device)
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
                                 options.max_num_batched_tokens, options.lookahead_slots)
-    engine = Engine(model, kv_cache, allocator or LocalBlockAllocator(), scheduler,
+    engine = Engine(model, kv_cache, allocator, scheduler,
                     max_model_len=max_model_len, eos_token_ids=config.eos_token_ids,
                     sampler_seed=options.sampler_seed)
     engine.register_pool(num_blocks, model_fingerprint(directory, dtype, options.block_size))

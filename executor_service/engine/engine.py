@@ -16,19 +16,19 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from allocator_service.ops import FreeOp, OpStatus
 from executor_service.engine.block_allocator import BlockAllocator
 from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
-from executor_service.engine.request import Request, RequestOutput
+from executor_service.engine.request import Request, Sequence, SequenceStatus
+from executor_service.engine.request_output import RequestOutput
 from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
-from pagedserve.common.sampling_params import SamplingParams
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
-from executor_service.engine.sequence import Sequence, SequenceStatus
 from executor_service.engine.step_plan import StepPlan, append_op
 from executor_service.engine.stop_check import finish_reason
 from executor_service.model.causal_lm import CausalLM
 from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
+from pagedserve.protocol.block_ops import FreeOp, OpStatus
+from pagedserve.protocol.sampling_params import SamplingParams
 
 
 class Engine:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from executor_service.engine.sampler import Sampler, SamplingRow
-from pagedserve.common.sampling_params import MAX_LOGPROBS, SamplingParams
 from executor_service.model.attention_batch import AttentionBatch
 from executor_service.model.causal_lm import CausalLM
 from kernels import KvCacheSpec, allocate_kv_cache
+from pagedserve.protocol.sampling_params import MAX_LOGPROBS, SamplingParams
 
 log = logging.getLogger(__name__)
 

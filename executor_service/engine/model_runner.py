@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import kernels
-from executor_service.engine.sequence import Sequence
+from executor_service.engine.request import Sequence
 from executor_service.model.attention_batch import AttentionBatch
 from executor_service.model.causal_lm import CausalLM
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from executor_service.engine.engine import Engine
-from executor_service.engine.request import Usage
-from pagedserve.common.sampling_params import SamplingParams
+from executor_service.engine.request_output import Usage
+from pagedserve.protocol.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -1,10 +1,84 @@
-"""A request as the engine holds it, and what the engine reports about it after each step."""
+"""A request as the engine holds it, and the sequences it generates (one per choice: n > 1
+forks the rest from the first). Each sequence points back at its request, so the two live
+in one module.
+
+A sequence holds its tokens, how many have K/V in the cache, and the block
+table the allocator granted it (mirrored here so the forward pass never asks).
+
+A sequence is one uniform thing from admission to its end:
+
+    token_ids:  [ prompt ............................ | generated ...... ]
+                  0                 num_computed          len(token_ids)
+                  └─ K/V in the cache ─┘└─ still to compute ─┘
+
+While more than one token is still to compute it is *prefilling* (a prompt, a chunk of one,
+or a recompute after preemption); with exactly one it is *decoding*: the last sampled token is
+computed and the next one sampled. `num_reported` counts the tokens the allocator has recorded;
+the ones after it travel in the next Append.
+"""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
-from pagedserve.common.sampling_params import SamplingParams
-from executor_service.engine.sequence import Sequence, SequenceStatus
+import torch
+
+from pagedserve.protocol.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # no blocks: not admitted yet, or preempted
+    RUNNING = "running"      # holds blocks on the allocator
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    seq_id: str
+    request: Request
+    index: int                                   # the choice index among the request's n
+    token_ids: list[int]
+    num_prompt_tokens: int
+    generator: torch.Generator | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_reported: int = 0
+    num_cached_tokens: int = 0                   # prompt tokens served from the prefix cache
+    # The last block may be shared with a fork sibling: the next write may copy it first,
+    # which only the allocator's answer tells.
+    may_copy_on_write: bool = False
+    # Set on a child of an `n > 1` request until the Fork that gives it its parent's blocks.
+    fork_parent: Sequence | None = None
+    finish_reason: str | None = None
+    logprobs: list = field(default_factory=list)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_uncomputed == 1
+
+    def capacity(self, block_size: int) -> int:
+        """Token slots the mirrored block table covers."""
+        return len(self.block_table) * block_size
+
+    def slot(self, position: int, block_size: int) -> int:
+        return self.block_table[position // block_size] * block_size + position % block_size
+
+    def release_blocks(self) -> None:
+        """Back to waiting with nothing cached: after a Free, the next admission recomputes
+        every token (from the prefix cache where the allocator still has them)."""
+        self.status = SequenceStatus.WAITING
+        self.block_table = []
+        self.num_computed = self.num_reported = 0
+        self.may_copy_on_write = False
 
 
 @dataclass(slots=True, eq=False)
@@ -25,35 +99,3 @@ class Request:
     @property
     def finished(self) -> bool:
         return all(seq.status is SequenceStatus.FINISHED for seq in self.sequences)
-
-
-@dataclass(slots=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass(slots=True)
-class SequenceDelta:
-    """New tokens of one choice since the last report."""
-    index: int
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None     # "stop", "length", "cancelled", "error"
-
-
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str
-    deltas: list[SequenceDelta]
-    finished: bool = False
-    usage: Usage | None = None           # on the last output of a request
-    error: str | None = None

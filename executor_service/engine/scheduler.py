@@ -23,10 +23,9 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
-from allocator_service.ops import AllocateOp, ForkOp, OpResult, OpStatus, StepResult
-from executor_service.engine.request import Request
-from executor_service.engine.sequence import Sequence, SequenceStatus
+from executor_service.engine.request import Request, Sequence, SequenceStatus
 from executor_service.engine.step_plan import StepPlan
+from pagedserve.protocol.block_ops import AllocateOp, ForkOp, OpResult, OpStatus, StepResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from allocator_service.ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
-from executor_service.engine.sequence import Sequence
+from executor_service.engine.request import Sequence
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
 
 
 @dataclass(slots=True)

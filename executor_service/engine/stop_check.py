@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.protocol.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pagedserve.common.server import ServerOptions
 
@@ -53,3 +54,13 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(host=args.host, port=args.port, auth_token=args.auth_token,
                          tls_cert=args.tls_cert, tls_key=args.tls_key,
                          max_workers=max_workers)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))

@@ -1,0 +1,86 @@
+"""Every invariant of a pool, checked from scratch; an empty list means healthy.
+
+Used by the Audit RPC, by the stateful tests after every step, and after fault tests to prove
+that no block leaked.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.core.free_block_queue import FreeBlockQueue
+
+
+def audit_pool(executor_id: str, pool: ExecutorPool) -> list[str]:
+    where = f"pool {executor_id!r}"
+    violations: list[str] = []
+    size = pool.block_size
+
+    references: Counter[int] = Counter()
+    for seq in pool.sequences.values():
+        ids = seq.block_ids()
+        references.update(ids)
+        if len(set(ids)) != len(ids):
+            violations.append(f"{where}: sequence {seq.seq_id!r} holds a block twice: {ids}")
+        if len(seq.block_table) * size < seq.num_tokens:
+            violations.append(f"{where}: sequence {seq.seq_id!r} has {seq.num_tokens} tokens "
+                              f"but only {len(seq.block_table)} blocks of {size}")
+        if not seq.num_hashed_blocks * size <= seq.num_computed_tokens <= seq.num_tokens:
+            violations.append(
+                f"{where}: sequence {seq.seq_id!r} has hashed {seq.num_hashed_blocks} blocks, "
+                f"computed {seq.num_computed_tokens} of {seq.num_tokens} tokens")
+
+    free_ids = [block.block_id for block in pool.blocks.free_list()]
+    if len(free_ids) != pool.num_free_blocks:
+        violations.append(f"{where}: free list holds {len(free_ids)} blocks but counts "
+                          f"{pool.num_free_blocks}")
+    if len(set(free_ids)) != len(free_ids):
+        violations.append(f"{where}: a block is on the free list twice")
+    free_set = set(free_ids)
+
+    for block in pool.blocks.blocks:
+        label = f"{where}: block {block.block_id}"
+        on_free_list = block.block_id in free_set
+        if on_free_list == (block.ref_count > 0):
+            violations.append(f"{label} has ref_count {block.ref_count} and is "
+                              f"{'' if on_free_list else 'not '}on the free list")
+        if FreeBlockQueue.contains(block) != on_free_list:
+            violations.append(f"{label} has free-list links that disagree with the list")
+        if block.ref_count != references[block.block_id]:
+            violations.append(f"{label} has ref_count {block.ref_count} but "
+                              f"{references[block.block_id]} block-table references")
+
+    used = sum(1 for block in pool.blocks.blocks if block.ref_count > 0)
+    if used + len(free_ids) != pool.num_blocks:
+        violations.append(f"{where}: {used} used + {len(free_ids)} free != "
+                          f"{pool.num_blocks} blocks")
+
+    violations += _audit_hash_index(where, pool)
+    return violations
+
+
+def _audit_hash_index(where: str, pool: ExecutorPool) -> list[str]:
+    violations = []
+    size = pool.block_size
+    for block_hash, block in pool.blocks.hash_index.items():
+        label = f"{where}: hash {block_hash.hex()} -> block {block.block_id}"
+        if block.block_hash != block_hash or block.token_ids is None or block.parent_hash is None:
+            violations.append(f"{label} does not carry that hash")
+            continue
+        if len(block.token_ids) != size:
+            violations.append(f"{label} stores {len(block.token_ids)} tokens, not {size}")
+        if pool.blocks.hash_fn(block.parent_hash, block.token_ids) != block_hash:
+            violations.append(f"{label}: its stored tokens hash to something else")
+    for block in pool.blocks.blocks:
+        if block.block_hash is not None and pool.blocks.hash_index.get(block.block_hash) is not block:
+            violations.append(f"{where}: block {block.block_id} carries a hash the index does "
+                              "not map to it")
+    for seq in pool.sequences.values():
+        for index, block in enumerate(seq.block_table):
+            if block.token_ids is None:
+                continue
+            held = tuple(seq.token_ids[index * size:(index + 1) * size])
+            if held != block.token_ids:
+                violations.append(f"{where}: sequence {seq.seq_id!r} holds cached block "
+                                  f"{block.block_id} at position {index} with other tokens")
+    return violations

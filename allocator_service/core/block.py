@@ -1,0 +1,48 @@
+"""One physical KV-cache block as the allocator sees it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NewType
+
+from allocator_service.core.block_hash import BlockHash
+from pagedserve.protocol.block_ops import SeqId
+
+BlockId = NewType("BlockId", int)
+
+# Identity of a cached prefix: the salt string for "no block yet" (the root of a tenant's chain),
+# then a node id that is unique for the allocator's lifetime. Comparing identities instead of
+# hashes makes a prefix hit exact even when two different prefixes collide on their hash.
+PrefixKey = int | str
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    block_id: BlockId
+    # Sequences whose block table holds this block; 0 means it is on the free list.
+    ref_count: int = 0
+
+    # Prefix-cache entry, set only while the block is the hash index's entry for its content:
+    block_hash: BlockHash | None = None
+    # Hash of the previous block in the chain (the root hash for a first block).
+    parent_hash: BlockHash | None = None
+    # The exact tokens the K/V was computed from; compared on every hit, so a hash collision
+    # can never serve K/V of other tokens.
+    token_ids: tuple[int, ...] | None = None
+    # Identity of the prefix ending in this block, and of the prefix before it.
+    node_id: int = 0
+    parent_key: PrefixKey = ""
+
+    # Links of the free list (both None while the block is in use).
+    prev_free: Block | None = field(default=None, repr=False)
+    next_free: Block | None = field(default=None, repr=False)
+
+    @property
+    def is_cached(self) -> bool:
+        return self.block_hash is not None
+
+    def forget_prefix(self) -> None:
+        self.block_hash = None
+        self.parent_hash = None
+        self.token_ids = None
+        self.node_id = 0
+        self.parent_key = ""

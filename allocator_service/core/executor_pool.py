@@ -1,0 +1,237 @@
+"""One executor's KV cache as the allocator manages it: sequences, block tables, prefix reuse.
+
+Every action has a question beside it (`can_allocate` / `allocate`, `can_append` / `append`):
+the question never mutates, and the action returns None instead of raising when blocks run out,
+leaving the pool exactly as it was. Caller bugs (unknown or duplicate sequence ids) raise.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from allocator_service.core.block import Block, PrefixKey, SeqId
+from allocator_service.core.block_hash import BlockHash, HashFn, chain_hash, root_hash
+from allocator_service.core.block_pool import BlockPool
+from allocator_service.core.errors import SequenceExists, UnknownSequence
+from allocator_service.core.sequence import Sequence
+from pagedserve.common.errors import ResourceExhausted
+from pagedserve.protocol.block_ops import Allocation, Growth
+
+
+class PromptTooLarge(ResourceExhausted):
+    """The sequence needs more blocks than the whole pool has: it can never be admitted."""
+
+
+def blocks_for(num_slots: int, block_size: int) -> int:
+    return -(-num_slots // block_size)
+
+
+# An Append that needed no new block and no copy (most decode steps). Shared, never mutated.
+NO_GROWTH = Growth([], [])
+
+
+class ExecutorPool:
+    def __init__(self, num_blocks: int, block_size: int, model_fingerprint: str,
+                 hash_fn: HashFn = chain_hash) -> None:
+        self.block_size = block_size
+        self.model_fingerprint = model_fingerprint
+        self.blocks = BlockPool(num_blocks, block_size, hash_fn)
+        self.sequences: dict[SeqId, Sequence] = {}
+        # Prompt tokens looked up in / served from the prefix cache, over successful allocations.
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.blocks.num_free_blocks
+
+    # -- prefix lookup ---------------------------------------------------------------------
+
+    def _match_prefix(self, token_ids: Seq[int], cache_salt: str
+                      ) -> tuple[list[Block], BlockHash, PrefixKey]:
+        """Cached blocks that hold the longest prefix of the prompt, and the chain after them.
+
+        The block holding the prompt's last token is never taken from the cache: the executor
+        must compute that token to get the logits of the first output token.
+        """
+        size = self.block_size
+        chain_hash_, chain_key = root_hash(self.model_fingerprint, cache_salt), cache_salt
+        hits: list[Block] = []
+        hash_fn, lookup = self.blocks.hash_fn, self.blocks.lookup
+        for start in range(0, (len(token_ids) - 1) // size * size, size):
+            block_tokens = tuple(token_ids[start:start + size])
+            block_hash = hash_fn(chain_hash_, block_tokens)
+            block = lookup(block_hash, chain_key, block_tokens)
+            if block is None:
+                break
+            hits.append(block)
+            chain_hash_, chain_key = block_hash, block.node_id
+        return hits, chain_hash_, chain_key
+
+    def num_cached_prefix_tokens(self, token_ids: Seq[int], cache_salt: str) -> int:
+        """Prompt tokens an Allocate would find cached right now (no state changes)."""
+        return len(self._match_prefix(token_ids, cache_salt)[0]) * self.block_size
+
+    # -- allocate ----------------------------------------------------------------------------
+
+    def _allocation_cost(self, token_ids: Seq[int], lookahead_slots: int,
+                         hits: list[Block]) -> tuple[int, int]:
+        """(new blocks to take, free blocks consumed): hits on cached-free blocks use free ones."""
+        needed = blocks_for(len(token_ids) + lookahead_slots, self.block_size)
+        if needed > self.num_blocks:
+            raise PromptTooLarge(
+                f"{len(token_ids)} tokens (+{lookahead_slots} reserved) need {needed} blocks of "
+                f"{self.block_size} slots but the pool has only {self.num_blocks}")
+        new = needed - len(hits)
+        return new, new + sum(1 for block in hits if block.ref_count == 0)
+
+    def can_allocate(self, token_ids: Seq[int], cache_salt: str = "",
+                     lookahead_slots: int = 0) -> bool:
+        hits, _, _ = self._match_prefix(token_ids, cache_salt)
+        return self._allocation_cost(token_ids, lookahead_slots, hits)[1] <= self.num_free_blocks
+
+    def allocate(self, seq_id: SeqId, token_ids: Seq[int], cache_salt: str = "",
+                 lookahead_slots: int = 0) -> Allocation | None:
+        """Creates the sequence with blocks for its prompt, reusing cached prefix blocks.
+
+        Returns None (and changes nothing) when too few blocks are free.
+        """
+        if seq_id in self.sequences:
+            raise SequenceExists(seq_id)
+        hits, chain_hash_, chain_key = self._match_prefix(token_ids, cache_salt)
+        new, consumed = self._allocation_cost(token_ids, lookahead_slots, hits)
+        if consumed > self.num_free_blocks:
+            return None
+        for block in hits:  # before take(): a hit block must not be evicted by our own take
+            self.blocks.share(block)
+        table = hits + self.blocks.take(new)
+        num_cached = len(hits) * self.block_size
+        self.sequences[seq_id] = Sequence(
+            seq_id=seq_id, cache_salt=cache_salt, block_table=table, token_ids=list(token_ids),
+            num_cached_tokens=num_cached, num_computed_tokens=num_cached,
+            num_hashed_blocks=len(hits), chain_hash=chain_hash_, chain_key=chain_key)
+        self.prefix_query_tokens += len(token_ids)
+        self.prefix_hit_tokens += num_cached
+        return Allocation([block.block_id for block in table], num_cached)
+
+    # -- append ------------------------------------------------------------------------------
+    #
+    #   block_size 4, 6 tokens, lookahead 3, then append 2 tokens:
+    #
+    #   before  [t t t t][t t . .]                 first written slot: token 6, block 1
+    #   after   [t t t t][t t t t][. . . .]        capacity for 6 + 2 + 3 = 11 slots → 3 blocks
+    #
+    #   If block 1 is shared (refcount > 1, after a fork), the writer gets a fresh block in its
+    #   place and a (old, new) copy instruction; the other holders keep the old block.
+
+    def _append_cost(self, seq: Sequence, num_new_tokens: int,
+                     lookahead_slots: int) -> tuple[int, bool]:
+        """(blocks to add at the end, whether the first written block must be copied first)."""
+        table, size = seq.block_table, self.block_size
+        num_tokens = len(seq.token_ids)
+        grow = -(-(num_tokens + num_new_tokens + lookahead_slots) // size) - len(table)
+        first_written = num_tokens // size
+        copy = (num_new_tokens > 0 and first_written < len(table)
+                and table[first_written].ref_count > 1)
+        return max(0, grow), copy
+
+    def can_append(self, seq_id: SeqId, num_new_tokens: int, lookahead_slots: int = 0) -> bool:
+        grow, copy = self._append_cost(self._get(seq_id), num_new_tokens, lookahead_slots)
+        return grow + copy <= self.num_free_blocks
+
+    def append(self, seq_id: SeqId, token_ids: Seq[int] = (), lookahead_slots: int = 0,
+               num_computed_tokens: int = 0) -> Growth | None:
+        """Adds tokens, reserves slots ahead, copies a shared block before it is written, and
+        offers blocks that are full and computed to the prefix cache.
+
+        Returns NO_GROWTH when the table did not change, None (changing nothing) when too few
+        blocks are free. This is the decode hot path: one call per running sequence per step.
+        """
+        seq = self.sequences.get(seq_id)
+        if seq is None:
+            raise UnknownSequence(seq_id)
+        grow, copy = self._append_cost(seq, len(token_ids), lookahead_slots)
+        growth = NO_GROWTH
+        if grow or copy:
+            growth = self._grow(seq, grow, copy)
+            if growth is None:
+                return None
+        if token_ids:
+            seq.token_ids.extend(token_ids)
+        if num_computed_tokens > seq.num_computed_tokens:
+            seq.num_computed_tokens = min(num_computed_tokens, len(seq.token_ids))
+            if seq.num_computed_tokens // self.block_size > seq.num_hashed_blocks:
+                self._cache_computed_blocks(seq)
+        return growth
+
+    def _grow(self, seq: Sequence, grow: int, copy: bool) -> Growth | None:
+        if grow + copy > self.num_free_blocks:
+            return None
+        copies: list[tuple[int, int]] = []
+        if copy:
+            index = len(seq.token_ids) // self.block_size
+            shared = seq.block_table[index]
+            (private,) = self.blocks.take(1)
+            self.blocks.release([shared])
+            seq.block_table[index] = private
+            copies.append((shared.block_id, private.block_id))
+        new_blocks = self.blocks.take(grow)
+        seq.block_table.extend(new_blocks)
+        return Growth([block.block_id for block in new_blocks], copies)
+
+    def _cache_computed_blocks(self, seq: Sequence) -> None:
+        """Hashes every full block below the computed mark, in order, into the prefix cache."""
+        size = self.block_size
+        hash_fn = self.blocks.hash_fn
+        while seq.num_hashed_blocks < seq.num_computed_tokens // size:
+            start = seq.num_hashed_blocks * size
+            block_tokens = tuple(seq.token_ids[start:start + size])
+            block_hash = hash_fn(seq.chain_hash, block_tokens)
+            seq.chain_key = self.blocks.register(
+                seq.block_table[seq.num_hashed_blocks], block_hash, seq.chain_hash,
+                seq.chain_key, block_tokens)
+            seq.chain_hash = block_hash
+            seq.num_hashed_blocks += 1
+
+    # -- fork and free -----------------------------------------------------------------------
+
+    def fork(self, parent_id: SeqId, child_id: SeqId) -> list[int]:
+        """Creates `child_id` sharing every block that holds a token of the parent (refcount +1).
+
+        Blocks the parent reserved ahead stay the parent's alone. Needs no free block, so it
+        cannot run out; the first write into the shared tail copies it (see `append`).
+        """
+        parent = self._get(parent_id)
+        if child_id in self.sequences:
+            raise SequenceExists(child_id)
+        shared = parent.block_table[:blocks_for(parent.num_tokens, self.block_size)]
+        for block in shared:
+            self.blocks.share(block)
+        self.sequences[child_id] = Sequence(
+            seq_id=child_id, cache_salt=parent.cache_salt, block_table=list(shared),
+            token_ids=list(parent.token_ids), num_cached_tokens=parent.num_cached_tokens,
+            num_computed_tokens=parent.num_computed_tokens,
+            num_hashed_blocks=parent.num_hashed_blocks, chain_hash=parent.chain_hash,
+            chain_key=parent.chain_key)
+        return [block.block_id for block in shared]
+
+    def free(self, seq_id: SeqId) -> None:
+        """Ends the sequence; blocks nobody else holds return to the free list."""
+        seq = self.sequences.pop(seq_id, None)
+        if seq is None:
+            raise UnknownSequence(seq_id)
+        self.blocks.release(seq.block_table)
+
+    def reset_prefix_cache(self) -> int:
+        """Drops every cache entry. Live sequences keep hashing what they compute next: their
+        chain identities belong to dropped entries, so nothing cached later can match them."""
+        return self.blocks.reset_prefix_cache()
+
+    def _get(self, seq_id: SeqId) -> Sequence:
+        seq = self.sequences.get(seq_id)
+        if seq is None:
+            raise UnknownSequence(seq_id)
+        return seq

@@ -1,0 +1,352 @@
+"""The durable state store: a journal of commands plus periodic snapshots, in Redis.
+
+    commit(seq N)   MULTI  XADD journal N-0 {kind, body}
+                           XADD events  E-0 {...} for each KV event of the command
+                    EXEC   ← the reply to the caller goes out only after this
+    every --snapshot-every commands (in the background)
+                    MULTI  SET snapshot <state at seq S>; HSET meta snapshot_seq S;
+                           XTRIM journal MINID S+1   EXEC
+    load            GET snapshot, then replay the journal after it, in order, without gaps
+
+When a commit fails (Redis unreachable) the command has already changed memory: it is kept as
+*pending*, every further change is refused with UNAVAILABLE, and the watchdog calls `reconcile`
+once Redis answers again. Reconcile compares the stored sequence number with memory's:
+
+    stored == applied          the pending commit landed before the connection broke
+    stored == applied - 1      it did not: write it now (its caller's retry is then answered
+                               from the step record)
+    stored <  that             Redis lost acknowledged data (restarted without persistence):
+                               write a fresh snapshot of memory and resync the event stream
+    stored >  applied          another allocator writes to the same keys: stay down, say so
+
+A Redis restart is also caught when it happens between two commits: every new connection checks
+the server's run_id, so a silent reconnect to a restarted server fails the commit instead of
+appending after a gap.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.kv_events import KvEvent
+from allocator_service.durability import commands, redis_codec, snapshot
+from allocator_service.durability.commands import Command
+from allocator_service.durability.state_store import StateStore, StoreUnreachable
+from pagedserve.common.config import redacted
+from pagedserve.common.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+# Journal entries read per round trip while replaying.
+REPLAY_BATCH = 1000
+
+
+@dataclass(slots=True, frozen=True)
+class _Pending:
+    seq: int
+    command: Command
+    events: list[KvEvent]
+
+
+class StoreConflict(RuntimeError):
+    """The stored state is ahead of memory: someone else writes to the same keys."""
+
+
+class RedisStore(StateStore):
+    def __init__(self, url: str, namespace: str = redis_codec.DEFAULT_NAMESPACE,
+                 snapshot_every: int = 2_000, events_max: int = 100_000,
+                 timeout_s: float = 2.0) -> None:
+        self.description = redacted(url)
+        self.keys = redis_codec.Keys.under(namespace)
+        self.snapshot_every = snapshot_every
+        self.events_max = events_max
+        self.timeout_s = timeout_s
+        # No automatic retries: a command that fails must reach us, or a retried MULTI could
+        # land in a Redis that restarted without the commits before it.
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0), redis_connect_func=self._check_server)
+        # The watchdog's pings must reach a restarted server, which `client` refuses until
+        # reconcile has looked at it: they go through a connection of their own.
+        self._prober = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0))
+        self.applied_seq = 0  # last command applied in memory
+        self.durable_seq = 0  # last command Redis acknowledged
+        self.snapshot_seq = 0  # last snapshot written
+        self._captured_seq = 0  # last snapshot captured (written, or on its way)
+        self.pending: _Pending | None = None
+        self.loaded = False
+        self.available = False
+        self._down_reason = "state not loaded yet"
+        self._down_since = time.monotonic()
+        self._server_run_id: bytes | None = None  # None: accept any server (while reconciling)
+        self._snapshots: queue.Queue[tuple[int, dict[str, Any]] | None] = queue.Queue(maxsize=1)
+        self._snapshot_lock = threading.Lock()
+        self._snapshot_writer = threading.Thread(target=self._write_snapshots,
+                                                 name="snapshot-writer", daemon=True)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _check_server(self, connection: Any) -> None:
+        connection.on_connect()
+        connection.send_command("INFO", "server")
+        run_id = _run_id(connection.read_response())
+        # Until reconcile (under the state lock) has looked at the new server, every connection
+        # to it is refused, whichever thread makes it.
+        if self._server_run_id is not None and run_id != self._server_run_id:
+            raise redis.ConnectionError(
+                "Redis restarted since the last commit; checking what it kept before writing")
+
+    def _current_run_id(self) -> bytes:
+        return str(self.client.info("server")["run_id"]).encode()
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def load(self, core: Allocator) -> None:
+        """Rebuilds the core from the snapshot and the journal after it."""
+        try:
+            self._load(core)
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnreachable(str(error)) from error
+
+    def _load(self, core: Allocator) -> None:
+        self._server_run_id = None
+        snapshot_seq = int(self.client.hget(self.keys.meta, "snapshot_seq") or 0)
+        if snapshot_seq:
+            blob = self.client.get(self.keys.snapshot)
+            if blob is None:
+                raise commands.CorruptJournal(f"{self.keys.meta} names snapshot {snapshot_seq} "
+                                              f"but {self.keys.snapshot} is missing")
+            snapshot.restore(core, redis_codec.decode_snapshot(blob))
+        seq = snapshot_seq
+        while True:
+            entries = self.client.xrange(self.keys.journal, min=redis_codec.entry_id(seq + 1),
+                                         count=REPLAY_BATCH)
+            for entry_id, fields in entries:
+                if redis_codec.seq_of(entry_id) != seq + 1:
+                    raise commands.CorruptJournal(
+                        f"journal jumps from {seq} to {entry_id.decode()}: entries are missing")
+                commands.apply(core, redis_codec.command_from_fields(fields))
+                seq += 1
+            core.events.drain()  # published when they happened
+            if len(entries) < REPLAY_BATCH:
+                break
+        self.applied_seq = self.durable_seq = seq
+        self.snapshot_seq = snapshot_seq
+        self._server_run_id = self._current_run_id()
+        last_event = self._last_event_seq()
+        if last_event > core.events.last_seq:
+            raise StoreConflict(f"{self.keys.events} holds event {last_event} but the journal "
+                                f"only accounts for {core.events.last_seq}")
+        if last_event < core.events.last_seq:  # the stream lost its tail (it is capped too)
+            self._reseed(core, f"event stream ends at {last_event}, state at "
+                               f"{core.events.last_seq}")
+        self.loaded = self.available = True
+        self._snapshot_writer.start()
+        log.info("state loaded from %s: snapshot at %d, %d journal entries replayed, %d pools",
+                 self.description, snapshot_seq, seq - snapshot_seq, len(core.executors))
+
+    # -- commits -------------------------------------------------------------------------------
+
+    def refusal(self) -> str:
+        if self.available:
+            return ""
+        return (f"the allocator's state store {self.description} is unavailable "
+                f"({self._down_reason}, {time.monotonic() - self._down_since:.0f}s ago); "
+                "changes are refused until it is back, retry later")
+
+    def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
+        assert self.available and self.pending is None, "commit() while refusing"
+        seq = self.applied_seq = self.applied_seq + 1
+        try:
+            self._write(seq, command, events)
+        except redis.RedisError as error:
+            self.pending = _Pending(seq, command, events)
+            reason = _describe(error)
+            self.mark_down(f"the write of {command.kind} #{seq} failed: {reason}")
+            raise Unavailable(
+                f"the allocator's state store {self.description} did not take this change "
+                f"({reason}); it is kept and written once the store is back. Retry later: a "
+                "Step retried with the same step_id gets its recorded result") from error
+        self.durable_seq = seq
+        if seq - max(self.snapshot_seq, self._captured_seq) >= self.snapshot_every:
+            # Counted from the last capture, not the last write: the write takes a while, and
+            # capturing again meanwhile would stall a step for nothing.
+            self._captured_seq = seq
+            try:
+                self._snapshots.put_nowait((seq, snapshot.capture(core)))
+            except queue.Full:  # the writer is far behind; the next interval tries again
+                pass
+
+    def _write(self, seq: int, command: Command, events: list[KvEvent]) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.keys.journal, redis_codec.command_fields(command),  # type: ignore[arg-type]
+                  id=redis_codec.entry_id(seq))
+        self._add_events(pipe, events)
+        pipe.execute()
+
+    def _add_events(self, pipe: Any, events: list[KvEvent]) -> None:
+        for event in events:
+            pipe.xadd(self.keys.events, redis_codec.event_fields(event),
+                      id=redis_codec.entry_id(event.seq), maxlen=self.events_max,
+                      approximate=True)
+
+    # -- outages -------------------------------------------------------------------------------
+
+    def mark_down(self, reason: str) -> None:
+        if self.available:
+            log.warning("state store %s unavailable: %s", self.description, reason)
+            self._down_since = time.monotonic()
+        self.available = False
+        self._down_reason = reason
+
+    def probe(self) -> bool:
+        try:
+            return bool(self._prober.ping())
+        except redis.RedisError:
+            return False
+
+    def reconcile(self, core: Allocator) -> bool:
+        """See the module docstring. Raises StoreConflict when memory is behind the store."""
+        self._server_run_id = None
+        try:
+            self._reconcile(core)
+        except redis.RedisError as error:
+            log.info("state store %s still unavailable: %s", self.description, error)
+            return False
+        except StoreConflict as conflict:
+            if self._down_reason != str(conflict):
+                log.error("state store %s: %s", self.description, conflict)
+            self.mark_down(str(conflict))
+            return False
+        return True
+
+    def _reconcile(self, core: Allocator) -> None:
+        stored = self._stored_seq()
+        if stored > self.applied_seq:
+            raise StoreConflict(
+                f"{self.description} holds journal entry {stored} but this allocator applied "
+                f"only {self.applied_seq}: another allocator writes to the same keys "
+                f"({self.keys.journal}); give each its own database or namespace")
+        pending = self.pending
+        if pending is not None and stored == pending.seq:
+            # It landed before the connection broke, unless someone else wrote that entry.
+            ((_, fields),) = self.client.xrange(self.keys.journal,
+                                                min=redis_codec.entry_id(stored),
+                                                max=redis_codec.entry_id(stored))
+            if redis_codec.command_from_fields(fields) != pending.command:
+                raise StoreConflict(
+                    f"journal entry {stored} is not the change this allocator made: another "
+                    f"allocator writes to the same keys ({self.keys.journal}); give each its "
+                    "own database or namespace")
+        elif pending is not None and stored == pending.seq - 1:
+            self._write(pending.seq, pending.command, pending.events)
+        elif stored < self.applied_seq:
+            self._reseed(core, f"it holds journal entry {stored}, memory is at "
+                               f"{self.applied_seq}")
+        self._server_run_id = self._current_run_id()
+        self.pending = None
+        self.durable_seq = self.applied_seq
+        self.available = True
+        log.warning("state store %s is back; journal at %d", self.description, self.applied_seq)
+
+    def _reseed(self, core: Allocator, why: str) -> None:
+        """Redis lost part of what it acknowledged: store memory whole again, and tell event
+        readers to rebuild each pool's index from the entries that follow."""
+        log.error("state store %s lost data (%s); writing a fresh snapshot from memory",
+                  self.description, why)
+        core.announce_every_index()
+        with self._snapshot_lock:
+            pipe = self.client.pipeline(transaction=True)
+            self._add_snapshot(pipe, self.applied_seq, snapshot.capture(core))
+            self._add_events(pipe, core.events.drain())
+            pipe.execute()
+            self.snapshot_seq = self.applied_seq
+
+    def _stored_seq(self) -> int:
+        snapshot_seq = int(self.client.hget(self.keys.meta, "snapshot_seq") or 0)
+        last = self.client.xrevrange(self.keys.journal, count=1)
+        return max(snapshot_seq, redis_codec.seq_of(last[0][0]) if last else 0)
+
+    def _last_event_seq(self) -> int:
+        last = self.client.xrevrange(self.keys.events, count=1)
+        return redis_codec.seq_of(last[0][0]) if last else 0
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def _add_snapshot(self, pipe: Any, seq: int, data: dict[str, Any]) -> None:
+        pipe.set(self.keys.snapshot, redis_codec.encode_snapshot(data))
+        pipe.hset(self.keys.meta, mapping={"snapshot_seq": seq,
+                                           "format": snapshot.FORMAT_VERSION})
+        pipe.xtrim(self.keys.journal, minid=redis_codec.entry_id(seq + 1), approximate=False)
+
+    def _write_snapshots(self) -> None:
+        """Encodes and writes captured snapshots off the lock; a failed one waits for the next."""
+        while (item := self._snapshots.get()) is not None:
+            seq, data = item
+            started = time.perf_counter()
+            with self._snapshot_lock:
+                if seq <= self.snapshot_seq:
+                    continue  # a reseed wrote a newer one meanwhile
+                try:
+                    pipe = self.client.pipeline(transaction=True)
+                    self._add_snapshot(pipe, seq, data)
+                    pipe.execute()
+                except redis.RedisError as error:
+                    log.warning("snapshot at %d not written: %s", seq, error)
+                    continue
+                self.snapshot_seq = seq
+            log.info("snapshot at %d written in %.0f ms", seq,
+                     1000 * (time.perf_counter() - started))
+
+    # -- events --------------------------------------------------------------------------------
+
+    def read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
+        try:
+            return self._read_events(from_seq, limit, wait_s)
+        except redis.RedisError as error:
+            raise Unavailable(f"cannot read KV events from {self.description}: {error}") from error
+
+    def _read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
+        start = redis_codec.entry_id(max(1, from_seq))
+        entries = self.client.xrange(self.keys.events, min=start, count=limit)
+        # A blocking read must end before the socket timeout, or it reads as an outage.
+        wait_s = min(wait_s, self.timeout_s / 2)
+        if not entries and wait_s > 0:
+            # XREAD returns entries strictly after the id given.
+            after = redis_codec.entry_id(max(0, from_seq - 1))
+            found = self.client.xread({self.keys.events: after}, count=limit,
+                                      block=max(1, int(wait_s * 1000)))
+            entries = found[0][1] if found else []
+        return [redis_codec.event_from_fields(entry_id, fields) for entry_id, fields in entries]
+
+    def close(self) -> None:
+        if self._snapshot_writer.is_alive():
+            self._snapshots.put(None)
+            self._snapshot_writer.join(timeout=10)
+        self.client.close()
+        self._prober.close()
+
+
+def _describe(error: redis.RedisError) -> str:
+    """The error without the command redis-py quotes in it (a Step's raw request bytes)."""
+    text = str(error)
+    marker = "of pipeline caused error: "
+    return text.split(marker, 1)[1] if marker in text else text
+
+
+def _run_id(info: bytes) -> bytes:
+    for line in info.splitlines():
+        if line.startswith(b"run_id:"):
+            return line.split(b":", 1)[1].strip()
+    raise redis.ResponseError("INFO server has no run_id")

@@ -1,0 +1,172 @@
+"""The allocator's whole state as plain JSON-able data, and back, exactly.
+
+A snapshot holds everything replay would otherwise have to rebuild: every pool's blocks
+(reference counts and prefix-cache entries), the free list in its LRU order, the sequences with
+their block tables and hashing progress, epochs, node-id and event counters, and the recorded
+results of recent steps. Leases and load figures are not kept: a restored executor gets a fresh
+lease (the allocator's downtime is not its fault) and reports its load with its next heartbeat.
+
+Only blocks that differ from a fresh one are written, and the free list as runs of consecutive
+ids, so an idle pool of a million blocks takes a few bytes.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
+from allocator_service.core.block import Block, BlockId, SeqId
+from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.core.free_block_queue import FreeBlockQueue
+from allocator_service.core.sequence import Sequence
+from pagedserve.protocol.block_ops import OpResult, OpStatus, StepResult
+
+FORMAT_VERSION = 1
+
+Json = dict[str, Any]
+
+
+def capture(core: Allocator) -> Json:
+    """A deep copy of the core's state: later changes to the core do not reach it."""
+    return {
+        "version": FORMAT_VERSION,
+        "last_epoch": core.last_epoch,
+        "last_event_seq": core.events.last_seq,
+        # In the core's own order (registration), so a restored core iterates alike.
+        "executors": [_capture_executor(ex) for ex in core.executors.values()],
+    }
+
+
+def restore(core: Allocator, data: Json) -> None:
+    """Loads a snapshot into a core that has no executors yet."""
+    if data.get("version") != FORMAT_VERSION:
+        raise ValueError(f"snapshot format {data.get('version')!r} is not {FORMAT_VERSION}; "
+                         "it was written by another pagedserve version")
+    assert not core.executors, "restore() into a core that already holds executors"
+    core.last_epoch = data["last_epoch"]
+    core.events.last_seq = data["last_event_seq"]
+    lease_expires_at = core.clock() + core.lease_ttl_s
+    for item in data["executors"]:
+        pool = _restore_pool(item["pool"], core)
+        step_log = OrderedDict(
+            (step_id, RecordedStep(bytes.fromhex(identity), _restore_result(result)))
+            for step_id, identity, result in item["step_log"])
+        core.add_executor(RegisteredExecutor(
+            executor_id=item["executor_id"], address=item["address"], epoch=item["epoch"],
+            model_fingerprint=item["model_fingerprint"], pool=pool,
+            lease_expires_at=lease_expires_at, last_step_id=item["last_step_id"],
+            step_log=step_log))
+
+
+# -- executors and their step records ---------------------------------------------------------
+
+def _capture_executor(ex: RegisteredExecutor) -> Json:
+    return {
+        "executor_id": ex.executor_id, "address": ex.address, "epoch": ex.epoch,
+        "model_fingerprint": ex.model_fingerprint, "last_step_id": ex.last_step_id,
+        "step_log": [[step_id, _identity_hex(recorded), _capture_result(recorded.result)]
+                     for step_id, recorded in ex.step_log.items()],
+        "pool": _capture_pool(ex.pool),
+    }
+
+
+def _identity_hex(recorded: RecordedStep) -> str:
+    if not isinstance(recorded.identity, bytes):
+        raise TypeError("only steps identified by a digest can be snapshotted; the server "
+                        "always passes one")
+    return recorded.identity.hex()
+
+
+def _capture_result(result: StepResult) -> Json:
+    return {"num_free_blocks": result.num_free_blocks,
+            "results": [[int(r.status), r.message, list(r.block_table), r.num_cached_tokens,
+                         list(r.new_blocks), [list(copy) for copy in r.copies]]
+                        for r in result.results]}
+
+
+def _restore_result(data: Json) -> StepResult:
+    return StepResult(
+        [OpResult(OpStatus(status), message, list(table), cached, list(new),
+                  [(src, dst) for src, dst in copies])
+         for status, message, table, cached, new, copies in data["results"]],
+        data["num_free_blocks"])
+
+
+# -- pools -------------------------------------------------------------------------------------
+
+def _capture_pool(pool: ExecutorPool) -> Json:
+    blocks = pool.blocks
+    return {
+        "num_blocks": pool.num_blocks, "block_size": pool.block_size,
+        "model_fingerprint": pool.model_fingerprint,
+        "last_node_id": blocks.last_node_id,
+        "prefix_query_tokens": pool.prefix_query_tokens,
+        "prefix_hit_tokens": pool.prefix_hit_tokens,
+        "blocks": [_capture_block(block) for block in blocks.blocks
+                   if block.ref_count or block.block_hash is not None],
+        "free_list": _runs(block.block_id for block in blocks.free_list()),
+        "sequences": [_capture_sequence(seq) for seq in pool.sequences.values()],
+    }
+
+
+def _capture_block(block: Block) -> list[Any]:
+    if block.block_hash is None:
+        return [block.block_id, block.ref_count]
+    assert block.parent_hash is not None and block.token_ids is not None
+    return [block.block_id, block.ref_count, block.block_hash.hex(), block.parent_hash.hex(),
+            list(block.token_ids), block.node_id, block.parent_key]
+
+
+def _capture_sequence(seq: Sequence) -> Json:
+    return {"seq_id": seq.seq_id, "cache_salt": seq.cache_salt,
+            "block_table": seq.block_ids(), "token_ids": list(seq.token_ids),
+            "num_cached_tokens": seq.num_cached_tokens,
+            "num_computed_tokens": seq.num_computed_tokens,
+            "num_hashed_blocks": seq.num_hashed_blocks,
+            "chain_hash": seq.chain_hash.hex(), "chain_key": seq.chain_key}
+
+
+def _restore_pool(data: Json, core: Allocator) -> ExecutorPool:
+    pool = ExecutorPool(data["num_blocks"], data["block_size"], data["model_fingerprint"],
+                        core.hash_fn)
+    blocks = pool.blocks
+    blocks.last_node_id = data["last_node_id"]
+    pool.prefix_query_tokens = data["prefix_query_tokens"]
+    pool.prefix_hit_tokens = data["prefix_hit_tokens"]
+    by_id = blocks.blocks
+    for item in data["blocks"]:
+        block = by_id[item[0]]
+        block.ref_count = item[1]
+        if len(item) > 2:
+            block.block_hash, block.parent_hash = bytes.fromhex(item[2]), bytes.fromhex(item[3])
+            block.token_ids, block.node_id, block.parent_key = tuple(item[4]), item[5], item[6]
+            blocks.hash_index[block.block_hash] = block
+    # The constructor linked every block; relink only the free ones, in their saved order.
+    for block in by_id:
+        block.prev_free = block.next_free = None
+    blocks.free_queue = FreeBlockQueue(by_id[block_id] for block_id in _expand(data["free_list"]))
+    for item in data["sequences"]:
+        pool.sequences[SeqId(item["seq_id"])] = Sequence(
+            seq_id=SeqId(item["seq_id"]), cache_salt=item["cache_salt"],
+            block_table=[by_id[BlockId(block_id)] for block_id in item["block_table"]],
+            token_ids=list(item["token_ids"]), num_cached_tokens=item["num_cached_tokens"],
+            num_computed_tokens=item["num_computed_tokens"],
+            num_hashed_blocks=item["num_hashed_blocks"],
+            chain_hash=bytes.fromhex(item["chain_hash"]), chain_key=item["chain_key"])
+    return pool
+
+
+def _runs(ids: Any) -> list[list[int]]:
+    """[[first, count], ...] for runs of consecutive ascending ids, in order."""
+    runs: list[list[int]] = []
+    for block_id in ids:
+        if runs and runs[-1][0] + runs[-1][1] == block_id:
+            runs[-1][1] += 1
+        else:
+            runs.append([block_id, 1])
+    return runs
+
+
+def _expand(runs: list[list[int]]) -> Any:
+    for first, count in runs:
+        yield from range(first, first + count)

@@ -1,0 +1,88 @@
+"""Where the allocator's changes go: the interface, and the in-memory store (the default).
+
+Every change to the core is committed to the store before its reply goes out, together with
+the KV events it caused. The in-memory store keeps nothing but a ring of recent events (so
+`pagedctl events` works without Redis); `RedisStore` makes the state durable.
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.kv_events import KvEvent
+from allocator_service.durability.commands import Command
+
+
+class StoreUnreachable(Exception):
+    """The backing store does not answer; retrying later may succeed."""
+
+
+class StateStore:
+    """The contract the allocator's state gate relies on; every method runs under its lock,
+    except `read_events` and `probe`."""
+
+    description = "memory"
+    # False until the stored state is in the core (every call is refused until then).
+    loaded = True
+    # False while the store cannot take commits (changes are refused until it can again).
+    available = True
+    # Commands journaled so far (the in-memory store journals nothing).
+    applied_seq = 0
+
+    def load(self, core: Allocator) -> None:
+        """Fills an empty core with the stored state (nothing to load in memory). Raises
+        StoreUnreachable while the store does not answer; anything else is fatal."""
+
+    def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
+        """Makes one applied command durable, with its events, before its reply goes out.
+        Raises Unavailable when it cannot; the store then refuses commits until `reconcile`."""
+        raise NotImplementedError
+
+    def refusal(self) -> str:
+        """Why commits are refused right now ('' when they are not)."""
+        return ""
+
+    def probe(self) -> bool:
+        """Whether the backing store answers (called by the watchdog, without the lock)."""
+        return True
+
+    def mark_down(self, reason: str) -> None:
+        """Refuses commits from now on, saying why."""
+
+    def reconcile(self, core: Allocator) -> bool:
+        """Brings the store back in line with the core after an outage; False while it is
+        still unreachable."""
+        return True
+
+    def read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
+        """Up to `limit` events with seq >= from_seq, waiting up to wait_s for the first one."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases connections and threads."""
+
+
+class MemoryStore(StateStore):
+    """No durability: state lives and dies with the process. Keeps the last events for readers."""
+
+    def __init__(self, max_events: int = 100_000) -> None:
+        self._events: collections.deque[KvEvent] = collections.deque(maxlen=max_events)
+        self._new_events = threading.Condition()
+
+    def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
+        if events:
+            with self._new_events:
+                self._events.extend(events)
+                self._new_events.notify_all()
+
+    def read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
+        with self._new_events:
+            if wait_s > 0 and (not self._events or self._events[-1].seq < from_seq):
+                self._new_events.wait(wait_s)
+            if not self._events or self._events[-1].seq < from_seq:
+                return []
+            # Numbers can skip (a change that raised drops its events), so search, not subtract.
+            start = bisect.bisect_left(self._events, from_seq, key=lambda event: event.seq)
+            return [self._events[i] for i in range(start, min(len(self._events), start + limit))]

@@ -1,0 +1,58 @@
+"""The Allocator gRPC service: converts proto <-> domain and calls the core through its state
+gate, journaling every change before the reply goes out."""
+from __future__ import annotations
+
+import grpc
+
+from allocator_service.durability import commands
+from allocator_service.durability.state import AllocatorState
+from allocator_service.server import convert
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
+from pagedserve.common.errors import InvalidArgument
+from pagedserve.protocol.block_codec import ops_from_proto, step_result_to_proto
+
+
+class AllocatorServicer(pb_grpc.AllocatorServicer):
+    def __init__(self, state: AllocatorState) -> None:
+        self.state = state
+
+    def RegisterExecutor(self, request: pb.RegisterExecutorRequest,
+                         context: grpc.ServicerContext) -> pb.RegisterExecutorResponse:
+        args = (request.executor_id, request.address, request.num_blocks, request.block_size,
+                request.model_fingerprint)
+        pool = self.state.core.build_pool(*args)  # slow for big pools: outside the lock
+        with self.state.writing() as core:
+            executor = core.register_executor(*args, pool=pool)
+            self.state.commit(commands.register(request))
+        return pb.RegisterExecutorResponse(epoch=executor.epoch,
+                                           lease_ttl_s=self.state.core.lease_ttl_s)
+
+    def Heartbeat(self, request: pb.HeartbeatRequest,
+                  context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        if request.num_waiting < 0 or request.num_running < 0:
+            raise InvalidArgument("num_waiting and num_running must not be negative")
+        # Leases and load figures are not journaled: a heartbeat works while Redis is away.
+        with self.state.reading() as core:
+            core.heartbeat(request.executor_id, request.epoch, request.num_waiting,
+                           request.num_running)
+        return pb.HeartbeatResponse(lease_ttl_s=self.state.core.lease_ttl_s)
+
+    def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
+        ops = ops_from_proto(request.ops)
+        # A retry is the same request byte for byte; a replay carrying other ops is caught.
+        body = request.SerializeToString(deterministic=True)
+        with self.state.writing() as core:
+            result = core.step(request.executor_id, request.epoch, request.step_id, ops,
+                               commands.step_digest(body))
+            if not result.replayed:
+                self.state.commit(commands.step(body))
+        return step_result_to_proto(result)
+
+    def MatchPrefix(self, request: pb.MatchPrefixRequest,
+                    context: grpc.ServicerContext) -> pb.MatchPrefixResponse:
+        token_ids = tuple(request.token_ids)
+        with self.state.reading() as core:
+            matches = core.match_prefix(token_ids, request.cache_salt)
+        return pb.MatchPrefixResponse(
+            executors=[convert.prefix_match_to_proto(match) for match in matches])

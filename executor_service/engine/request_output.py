@@ -1,0 +1,37 @@
+"""What the engine reports about a request after each step: the tokens each choice gained (with
+logprobs when asked), why a choice finished, and the usage once the whole request is done."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class SequenceDelta:
+    """New tokens of one choice since the last report."""
+    index: int
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None     # "stop", "length", "cancelled", "error"
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    deltas: list[SequenceDelta]
+    finished: bool = False
+    usage: Usage | None = None           # on the last output of a request
+    error: str | None = None

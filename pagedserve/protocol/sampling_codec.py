@@ -1,0 +1,41 @@
+"""Sampling parameters on the executor's wire (pagedserve.executor.v1.SamplingParams), both
+directions: the gateway encodes every field explicitly, the executor decodes with the defaults
+the proto documents for a field left unset (a client of its own may leave them)."""
+from __future__ import annotations
+
+from pagedserve.executor.v1 import executor_pb2 as pb
+from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+
+
+def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
+    message = pb.SamplingParams(
+        n=params.n, max_tokens=params.max_tokens, temperature=params.temperature,
+        top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+        repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty, stop_token_ids=params.stop_token_ids,
+        ignore_eos=params.ignore_eos)
+    if params.seed is not None:
+        message.seed = params.seed
+    if params.logprobs is not None:
+        message.logprobs = params.logprobs
+    return message
+
+
+def sampling_from_proto(message: pb.SamplingParams) -> SamplingParams:
+    """Ranges are checked by the engine, not here."""
+    return SamplingParams(
+        n=message.n or 1,
+        max_tokens=message.max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=message.temperature if message.HasField("temperature") else 1.0,
+        top_k=message.top_k,
+        top_p=message.top_p if message.HasField("top_p") else 1.0,
+        min_p=message.min_p,
+        seed=message.seed if message.HasField("seed") else None,
+        repetition_penalty=(message.repetition_penalty
+                            if message.HasField("repetition_penalty") else 1.0),
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        stop_token_ids=tuple(message.stop_token_ids),
+        ignore_eos=message.ignore_eos,
+        logprobs=message.logprobs if message.HasField("logprobs") else None,
+    )

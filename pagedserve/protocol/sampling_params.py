@@ -1,0 +1,101 @@
+"""How one request wants its tokens chosen, and the ranges the engine accepts.
+
+Conventions a client might expect otherwise:
+
+- `temperature == 0` means greedy. The sampler also treats temperatures below
+  `GREEDY_BELOW_TEMPERATURE` as greedy: dividing logits by them overflows float32.
+- `top_k == 0` is the only "off" value. vLLM's `-1` is rejected rather than accepted as a
+  synonym, so one setting has one spelling; the gateway maps an API's off value to 0.
+- `repetition_penalty` lies in [0.01, 100]: a factor of 100 either way already bans or forces a
+  repeat, and the bound keeps penalised logits finite.
+- `logprobs` is the number of top alternatives reported per generated token, at most
+  `MAX_LOGPROBS`; 0 reports only the chosen token's logprob, None reports nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedserve.common.errors import InvalidArgument
+
+MAX_N = 128
+# Every API's default when a request does not say (OpenAI's for completions).
+DEFAULT_MAX_TOKENS = 16
+MAX_TEMPERATURE = 100.0
+GREEDY_BELOW_TEMPERATURE = 1e-5
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
+# OpenAI's range for presence_penalty and frequency_penalty.
+MAX_ABS_PRESENCE_FREQUENCY = 2.0
+# OpenAI's cap on top_logprobs; each one costs a top-k over the vocabulary and bytes on the wire.
+MAX_LOGPROBS = 20
+MAX_SEED = 2**63 - 1  # a torch.Generator seed is a 64-bit integer; 63 bits keep it positive
+
+
+class InvalidSamplingParams(InvalidArgument, ValueError):
+    """A sampling field out of range. A ValueError to Python callers, INVALID_ARGUMENT on the wire."""
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    # Completions to generate for the prompt; the engine forks the request into n sequences.
+    n: int = 1
+    # Generated tokens at most, not counting the prompt.
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = 1.0
+    # Keep only the k most likely tokens; 0 keeps all.
+    top_k: int = 0
+    # Keep the smallest set of most likely tokens whose probability mass reaches top_p.
+    top_p: float = 1.0
+    # Drop tokens less likely than min_p times the most likely one.
+    min_p: float = 0.0
+    # Makes the request's tokens reproducible, whatever else shares its batches.
+    seed: int | None = None
+    # HF semantics over prompt and output tokens: positive logits divided, negative multiplied.
+    repetition_penalty: float = 1.0
+    # OpenAI semantics over output tokens: logit -= presence * (count > 0) + frequency * count.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Generating any of these finishes the sequence with reason "stop".
+    stop_token_ids: tuple[int, ...] = ()
+    # Keep generating past the model's end-of-sequence tokens (stop_token_ids still stop).
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self, vocab_size: int) -> None:
+        """Raises InvalidSamplingParams naming the first field out of range and its range."""
+        # Each check states what must hold, so NaN (false in every comparison) fails it.
+        _check(1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}, got {self.n}")
+        _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(self.temperature <= MAX_TEMPERATURE,
+               f"temperature must be <= {MAX_TEMPERATURE:g}, got {self.temperature}")
+        _check(0 <= self.top_k <= vocab_size,
+               f"top_k must be between 0 (off) and the vocabulary size {vocab_size}, "
+               f"got {self.top_k}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
+        _check(self.seed is None or 0 <= self.seed <= MAX_SEED,
+               f"seed must be between 0 and 2**63-1, got {self.seed}")
+        _check(MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, "
+               f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
+        bound = MAX_ABS_PRESENCE_FREQUENCY
+        _check(-bound <= self.presence_penalty <= bound,
+               f"presence_penalty must be in [-{bound:g}, {bound:g}], got {self.presence_penalty}")
+        _check(-bound <= self.frequency_penalty <= bound,
+               f"frequency_penalty must be in [-{bound:g}, {bound:g}], "
+               f"got {self.frequency_penalty}")
+        for token_id in self.stop_token_ids:
+            _check(0 <= token_id < vocab_size,
+                   f"stop_token_ids must be in [0, {vocab_size}), got {token_id}")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+               f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidSamplingParams(message)
