@@ -76,7 +76,16 @@ def cpu_model() -> str:
 
 
 def command_line() -> str:
-    return " ".join([".venv/bin/python", *sys.argv])
+    """How this run was started, as it would be typed at the repository root."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name.endswith(".__main__"):
+        started = ["-m", spec.name.removesuffix(".__main__")]
+    elif spec is not None:
+        started = ["-m", spec.name]
+    else:
+        started = sys.argv[:1]
+    return " ".join([".venv/bin/python", *started, *sys.argv[1:]])
 
 
 def text_table(rows: Sequence[Row]) -> str:
@@ -188,3 +197,28 @@ def output_paths(args: argparse.Namespace, png_name: str, page: str = "benchmark
     out_png = args.out_png or (None if args.quick else ROOT / "docs" / "img" / png_name)
     return out_md, out_png
 
+
+
+def refusal(device: str) -> str | None:
+    """Why this machine cannot run an engine benchmark on `device`, or None: our Triton kernels
+    must not be timed interpreted."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    from kernels.triton_support import interpreting
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    if interpreting():
+        return "TRITON_INTERPRET is set, so the engine's Triton kernels would be interpreted"
+    return None
+
+
+def refused(script: str, device: str) -> bool:
+    """True, having said why on stderr, when `script` cannot honestly run on `device` here."""
+    why = refusal(device)
+    if why is not None:
+        print(f"{script} was asked for {device}, and {why}. Nothing was written.",
+              file=sys.stderr)
+    return why is not None

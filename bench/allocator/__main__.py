@@ -1,7 +1,7 @@
 """Allocator benchmark: core ops/s, batched vs one-op-per-RPC Step, and Step latency.
 
-    .venv/bin/python bench/allocator_bench.py            # full run (well under two minutes)
-    .venv/bin/python bench/allocator_bench.py --quick    # smoke run; writes nothing unless told
+    .venv/bin/python -m bench.allocator            # full run (well under two minutes)
+    .venv/bin/python -m bench.allocator --quick    # smoke run; writes nothing unless told
 
 Everything compared is measured side by side in one run, interleaved where it can be, and the
 comparisons are stated as ratios: the machines this runs on are small and noisy. Writes the
@@ -22,14 +22,15 @@ from dataclasses import dataclass
 import grpc
 from tqdm import tqdm
 
-from allocator_report import Results, result_rows, section_body, write_plot
-from allocator_rpc import StepClient, allocator_server, connect, local_allocator, step_request
+from bench.allocator.report import Results, result_rows, section_body, write_plot
+from bench.load.allocator_rpc import (StepClient, allocator_server, connect, local_allocator,
+                                      step_request)
 from allocator_service.allocator_servicer import AllocatorServicer
 from allocator_service.state import AllocatorState
 from allocator_service.state_store import MemoryStore
 from allocator_service.executor_pool import ExecutorPool
-from allocator_workload import VOCAB_SIZE, DecodeBatch, ServingMix
-from bench_report import add_output_flags, output_paths, replace_section, text_table
+from bench.load.allocator_workload import VOCAB_SIZE, DecodeBatch, ServingMix
+from bench.report import add_output_flags, output_paths, replace_section, text_table
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 
 
@@ -233,7 +234,8 @@ def full_gc_pauses(pauses: list[float]) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.allocator",
+                                     description=__doc__.splitlines()[0])
     add_output_flags(parser)
     parser.add_argument("--profile", action="store_true",
                         help="afterwards, print cProfile's hottest functions of Allocator.step "
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         replace_section(out_md, "Allocator", section_body(results, out_png, out_md))
         print(f"results: {out_md} (## Allocator)")
     if args.profile:
-        from allocator_profile import profile_hot_paths
+        from bench.allocator.profile import profile_hot_paths
         profile_hot_paths(sizes.num_blocks, sizes.block_size, sizes.batch,
                           warmup_steps=sizes.mix_warmup_steps, steps=50 if args.quick else 300)
 

@@ -1,4 +1,4 @@
-"""`allocator_bench.py --profile`: where the in-process time of a Step goes.
+"""`bench.allocator --profile`: where the in-process time of a Step goes.
 
 Two views, because cProfile's per-call overhead inflates small, frequent functions: cProfile's
 hottest functions (which code), and a decomposition of one decode step timed directly (how much):
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from allocator_rpc import local_allocator, step_request
+from bench.load.allocator_rpc import local_allocator, step_request
 from allocator_service.allocator import Allocator
 from allocator_service.allocator_servicer import AllocatorServicer
 from allocator_service.state import AllocatorState
@@ -22,7 +22,7 @@ from allocator_service.state_store import MemoryStore
 from allocator_service.executor_pool import ExecutorPool
 from allocator_service.ops import AppendOp
 from allocator_service.validation import validate_ops
-from allocator_workload import DecodeBatch, ServingMix
+from bench.load.allocator_workload import DecodeBatch, ServingMix
 
 
 def print_profile(title: str, run: Callable[[], None], top: int = 15) -> None:

@@ -5,7 +5,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bench_report as report
+from bench import report
+from bench.plot import pyplot, save_figure
 
 CORE_TARGET_OPS_S = 300_000
 BATCHED_TARGET_RATIO = 20.0
@@ -79,9 +80,7 @@ def result_rows(r: Results) -> list[report.Row]:
 
 def write_plot(r: Results, path: Path) -> None:
     batch = r.batch
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
@@ -125,10 +124,7 @@ def write_plot(r: Results, path: Path) -> None:
                    frameon=False)
     figure.suptitle(f"pagedserve allocator, {report.today()}: {report.machine_description()}",
                     fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:

@@ -1,8 +1,8 @@
 """Durability benchmark: what journaling every change to Redis costs a Step, and how long the
 allocator takes to come back after a crash.
 
-    .venv/bin/python bench/durability_bench.py            # full run (about 3.5 minutes)
-    .venv/bin/python bench/durability_bench.py --quick    # smoke run; writes nothing unless told
+    .venv/bin/python -m bench.durability            # full run (about 3.5 minutes)
+    .venv/bin/python -m bench.durability --quick    # smoke run; writes nothing unless told
 
 Three allocators run side by side, each its own `python -m allocator_service` process on
 loopback, each durable one with a redis-server of its own (append-only file on, RDB off):
@@ -13,12 +13,12 @@ loopback, each durable one with a redis-server of its own (append-only file on, 
 
 They get the same requests, interleaved step by step in rotating order so machine noise hits all
 three alike, and every comparison is stated as a ratio to memory; their snapshots are off, so no
-snapshot stall lands in a timed Step (durability_latency.py, durability_handler.py). Then
+snapshot stall lands in a timed Step (latency.py, handler.py). Then
 recovery, on a fourth Redis: an allocator is killed with SIGKILL after journals of growing length,
 after a snapshot and after a snapshot plus a default interval of journal, and restarted on the same
-Redis; the time from spawn to SERVING comes from its own log (durability_recovery.py).
-Writes the `## Durability` section of docs/benchmarks.md (durability_report.py) and
-docs/img/durability_bench.png (durability_plot.py).
+Redis; the time from spawn to SERVING comes from its own log (recovery.py).
+Writes the `## Durability` section of docs/benchmarks.md (report.py) and
+docs/img/durability_bench.png (plot.py).
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_report import add_output_flags, output_paths, replace_section, text_grid, text_table
-from durability_config import QUICK, Sizes
-from durability_handler import bench_handlers, profile_durable_handler
-from durability_latency import bench_latency, bench_mix, journaled, start_targets
-from durability_plot import write_plot
-from durability_recovery import bench_recovery
-from durability_report import (Results, latency_grid, recovery_grid, result_rows, section_body,
-                               target_lines)
+from bench.report import add_output_flags, output_paths, replace_section, text_grid, text_table
+from bench.durability.config import QUICK, Sizes
+from bench.durability.handler import bench_handlers, profile_durable_handler
+from bench.durability.latency import bench_latency, bench_mix, journaled, start_targets
+from bench.durability.plot import write_plot
+from bench.durability.recovery import bench_recovery
+from bench.durability.report import (Results, latency_grid, recovery_grid, result_rows,
+                                     section_body, target_lines)
 
 
 
@@ -75,7 +75,8 @@ def fsync_p50_ms(directory: Path, count: int = 100) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.durability",
+                                     description=__doc__.splitlines()[0])
     add_output_flags(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where the redis-servers keep their files (default: a fresh "

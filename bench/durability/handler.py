@@ -13,17 +13,17 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from allocator_rpc import step_request
+from bench.load.allocator_rpc import step_request
 from allocator_service.allocator import Allocator
 from allocator_service.allocator_servicer import AllocatorServicer
 from allocator_service.ops import BlockOp
 from allocator_service.redis_store import RedisStore
 from allocator_service.state import AllocatorState
 from allocator_service.state_store import MemoryStore, StateStore
-from allocator_workload import DecodeBatch, ServingMix
-from durability_config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
-from durability_latency import Target, rotated
-from durability_report import Results
+from bench.load.allocator_workload import DecodeBatch, ServingMix
+from bench.durability.config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
+from bench.durability.latency import Target, rotated
+from bench.durability.report import Results
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 
 # The two workloads of the in-process measurement.
@@ -139,7 +139,7 @@ def bench_handlers(sizes: Sizes, targets: list[Target], results: Results) -> Non
 def profile_durable_handler(sizes: Sizes, targets: list[Target], steps: int) -> None:
     """`--profile`: cProfile of the Step handler on RedisStore, each durable configuration,
     for both workloads (requests built before profiling starts)."""
-    from allocator_profile import print_profile
+    from bench.allocator.profile import print_profile
 
     for target in targets:
         if target.redis is None:

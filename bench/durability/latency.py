@@ -15,13 +15,12 @@ from pathlib import Path
 import grpc
 from tqdm import tqdm
 
-# allocator_rpc puts tests/ on sys.path, where the subprocess harnesses live: import it first.
-from allocator_rpc import StepClient
+from bench.load.allocator_rpc import StepClient
 from pagedserve.supervisor.service_process import AllocatorProcess
 from allocator_service import redis_codec
-from allocator_workload import DecodeBatch, ServingMix
-from durability_config import CONFIGS, LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Config, Sizes
-from durability_report import Results
+from bench.load.allocator_workload import DecodeBatch, ServingMix
+from bench.durability.config import CONFIGS, LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Config, Sizes
+from bench.durability.report import Results
 from pagedserve.supervisor.redis_server import RedisProcess
 
 

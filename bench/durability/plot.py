@@ -6,15 +6,14 @@ import statistics
 import textwrap
 from pathlib import Path
 
-import bench_report as report
-from durability_config import CONFIGS, DURABLE, TARGET_BATCH, TARGET_RATIO
-from durability_report import Results, latency_ratio, ms, serving_s
+from bench import report
+from bench.durability.config import CONFIGS, DURABLE, TARGET_BATCH, TARGET_RATIO
+from bench.durability.report import Results, latency_ratio, ms, serving_s
+from bench.plot import pyplot, save_figure
 
 
 def write_plot(r: Results, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
     figure, (latency, ratios, recovery) = plt.subplots(1, 3, figsize=(17, 5.5))
@@ -76,7 +75,4 @@ def write_plot(r: Results, path: Path) -> None:
 
     figure.suptitle(f"pagedserve allocator durability, {report.today()}: "
                     f"{report.machine_description()}, Redis {r.redis_version}", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

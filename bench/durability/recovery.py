@@ -17,16 +17,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-# allocator_rpc puts tests/ on sys.path, where the subprocess harnesses live: import it first.
-from allocator_rpc import StepClient
+from bench.load.allocator_rpc import StepClient
 from pagedserve.supervisor.service_process import AllocatorProcess
 from allocator_service import redis_codec, snapshot
 from allocator_service.allocator import Allocator
 from allocator_service.inspection import pool_stats
 from allocator_service.redis_store import RedisStore
-from allocator_workload import ServingMix
-from durability_config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
-from durability_report import RecoveryPoint, Results
+from bench.load.allocator_workload import ServingMix
+from bench.durability.config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
+from bench.durability.report import RecoveryPoint, Results
 from pagedserve.supervisor.redis_server import RedisProcess
 
 # The allocator's own log lines that mark its start-up (see allocator_service/__main__.py).

@@ -1,5 +1,5 @@
 """What the durability benchmark records and reports: the results, the tables (terminal and
-markdown), and its `## Durability` section of docs/benchmarks.md. The plot is durability_plot.py.
+markdown), and its `## Durability` section of docs/benchmarks.md. The plot is plot.py.
 
 Every latency comparison is a ratio to the memory allocator measured in the same run.
 """
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bench_report as report
-from durability_config import (CONFIGS, DEFAULT_SNAPSHOT_EVERY, DURABLE, NO_SNAPSHOTS,
-                               TARGET_BATCH, TARGET_RATIO, Sizes)
+from bench import report
+from bench.durability.config import (CONFIGS, DEFAULT_SNAPSHOT_EVERY, DURABLE, NO_SNAPSHOTS,
+                                     TARGET_BATCH, TARGET_RATIO, Sizes)
 
 
 @dataclass(slots=True)
@@ -83,7 +83,7 @@ def serving_s(point: RecoveryPoint) -> float:
 
 def recovery_points(r: Results) -> tuple[RecoveryPoint, RecoveryPoint, RecoveryPoint]:
     """The longest journal replayed without a snapshot, the snapshot alone, and the snapshot
-    plus the journal after it (see durability_recovery.bench_recovery for the labels)."""
+    plus the journal after it (see recovery.bench_recovery for the labels)."""
     longest = max(r.recovery, key=lambda point: point.journal_entries)
     snap = next(p for p in r.recovery if p.label.startswith("snapshot after"))
     tail = next(p for p in r.recovery if p.label.startswith("snapshot + "))

@@ -4,8 +4,8 @@ Measures the kernels against the machine's copy bandwidth and against SDPA on co
 the same shapes. Needs a CUDA GPU; on a GPU machine this is the one command to run (or
 `make bench-kernels`):
 
-    .venv/bin/python bench/kernels_bench.py            # full sweep (several minutes)
-    .venv/bin/python bench/kernels_bench.py --quick    # smoke run, also on a CPU; writes nothing
+    .venv/bin/python -m bench.kernels            # full sweep (several minutes)
+    .venv/bin/python -m bench.kernels --quick    # smoke run, also on a CPU; writes nothing
                                                        # unless told
 
 First the copy bandwidth (`dst.copy_(src)`, bytes read + written); then decode over block sizes
@@ -15,8 +15,8 @@ and outputs over its time) and its time relative to SDPA; then causal prefill ag
 Every paged output is checked against SDPA's before it is timed: a mismatch fails the run
 (exit 1) and nothing is written to the docs. Targets: decode at batch 64 × 4k context, block 16,
 at ≥ 80% of the copy bandwidth; paged/SDPA decode time ≤ 1.1 at every block size. Writes the
-`## Kernels` section of docs/benchmarks.md (kernels_report.py) and docs/img/kernels_bench.png
-(kernels_plot.py); `--results-dir` also keeps the raw numbers as kernels_bench.json.
+`## Kernels` section of docs/benchmarks.md (report.py) and docs/img/kernels_bench.png
+(plot.py); `--results-dir` also keeps the raw numbers as kernels_bench.json.
 
 Without a GPU, --quick runs every code path at tiny fp32 shapes under the Triton interpreter
 (TRITON_INTERPRET=1, set here before triton is imported) and checks the outputs; its timings
@@ -30,21 +30,22 @@ import os
 import sys
 from pathlib import Path
 
-from bench_report import add_output_flags, output_paths, replace_section, text_grid, text_table
+from bench.report import add_output_flags, output_paths, replace_section, text_grid, text_table
 from kernels.triton_support import interpreting
-from kernels_config import FULL, QUICK
-from kernels_report import (Results, decode_grid, prefill_grid, rate, result_rows,
-                            section_body, target_lines, write_json)
+from bench.kernels.config import FULL, QUICK
+from bench.kernels.report import (Results, decode_grid, prefill_grid, rate, result_rows,
+                                  section_body, target_lines, write_json)
 
 NO_GPU_EXIT = 2
 DEFAULT_MAX_KV_GIB = 40.0
-# Device memory a combination holds per byte of its K+V (kernels_measure.paged_copy), with room
+# Device memory a combination holds per byte of its K+V (measure.paged_copy), with room
 # for the allocator's slack.
 PEAK_PER_KV_BYTE = 3
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.kernels",
+                                     description=__doc__.splitlines()[0])
     add_output_flags(parser)
     parser.add_argument("--max-kv-gib", type=float, default=None,
                         help="skip combinations whose K+V take more than this (GiB); the run "
@@ -69,7 +70,7 @@ def describe_versions(torch_module, on_gpu: bool) -> str:
 def describe_device(torch_module, on_gpu: bool) -> str:
     if on_gpu:
         return torch_module.cuda.get_device_name()
-    from bench_report import cpu_model
+    from bench.report import cpu_model
 
     return f"CPU ({cpu_model()}), Triton interpreter"
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick and (not on_gpu or interpreting()):
         why = ("no CUDA GPU is visible" if not on_gpu
                else "TRITON_INTERPRET is set, so Triton would interpret the kernels")
-        print(f"kernels_bench.py times Triton kernels on a CUDA GPU, and {why}. Run it on a GPU "
+        print(f"bench.kernels times Triton kernels on a CUDA GPU, and {why}. Run it on a GPU "
               "machine (`make bench-kernels`), or pass --quick for a smoke run whose timings "
               "mean nothing. Nothing was written.", file=sys.stderr)
         return NO_GPU_EXIT
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     from tqdm import tqdm
 
-    import kernels_measure
+    from bench.kernels import measure
 
     shapes = QUICK if args.quick else FULL
     if args.prefill_block_sizes:
@@ -118,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
                       interpreted=interpreting())
 
     torch.manual_seed(0)
-    results.copy_gbs = kernels_measure.copy_bandwidth_gbs(shapes, dtype, device)
+    results.copy_gbs = measure.copy_bandwidth_gbs(shapes, dtype, device)
     print(f"copy bandwidth on {results.device}: {rate(results.copy_gbs)} GB/s")
     with tqdm(total=shapes.decode_combos + shapes.prefill_combos, unit="combo",
               file=sys.stderr) as progress:
-        kernels_measure.measure_decode(results, dtype, device, progress)
-        kernels_measure.measure_prefill(results, dtype, device, progress)
+        measure.measure_decode(results, dtype, device, progress)
+        measure.measure_prefill(results, dtype, device, progress)
 
     print(text_grid(*decode_grid(results, results.decode)))
     print()
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
               "MISMATCH above); not writing the docs.", file=sys.stderr)
         return 1
     if out_png is not None:
-        from kernels_plot import write_plot
+        from bench.kernels.plot import write_plot
 
         write_plot(results, out_png)
         print(f"plot: {out_png}")

@@ -1,7 +1,7 @@
 """How the kernels benchmark measures: the copy bandwidth, then every decode and prefill
 combination, paged Triton kernel against SDPA on the same data laid out contiguously.
 
-Imports triton and the kernels, so kernels_bench.py imports this module only after it has
+Imports triton and the kernels, so bench.kernels imports this module only after it has
 decided whether Triton compiles or interprets (fixed when a kernel is defined).
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from kernels.kv_cache import KvCacheSpec, allocate_kv_cache, layer_caches
 from kernels.triton.decode_attention import paged_decode_attention_triton
 from kernels.triton.prefill_attention import paged_prefill_attention_triton
-from kernels_config import SPARE_BLOCKS, Shapes, tolerance
-from kernels_report import DecodeResult, PrefillResult, Results
+from bench.kernels.config import SPARE_BLOCKS, Shapes, tolerance
+from bench.kernels.report import DecodeResult, PrefillResult, Results
 
 # SDPA's fused backends, each tried alone; the math backend only when none takes the shapes
 # (it materialises the scores and, for GQA, repeats K/V per query head: no fair baseline).

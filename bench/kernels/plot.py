@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import bench_report as report
-from kernels_config import TARGET_BANDWIDTH_FRACTION, TARGET_BLOCK_SIZE, TARGET_RATIO
-from kernels_report import Results
+from bench import report
+from bench.kernels.config import TARGET_BANDWIDTH_FRACTION, TARGET_BLOCK_SIZE, TARGET_RATIO
+from bench.kernels.report import Results
+from bench.plot import pyplot, save_figure
 
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -22,9 +23,7 @@ def powers_of_two_axis(axes, ticks) -> None:
 
 
 def write_plot(r: Results, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s = r.shapes
     figure, (bandwidth, decode_ratio, prefill_ratio) = plt.subplots(1, 3, figsize=(17, 5.5))
@@ -93,7 +92,4 @@ def write_plot(r: Results, path: Path) -> None:
     figure.suptitle(f"pagedserve paged-attention kernels, {report.today()}: {r.device}, "
                     f"{r.dtype}, {s.num_q_heads} q heads / {s.num_kv_heads} kv heads / head dim "
                     f"{s.head_dim}; {r.versions}{note}", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

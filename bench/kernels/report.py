@@ -1,6 +1,6 @@
 """What the kernels benchmark records and reports: one result per timed combination, the tables
 (terminal and markdown), the target rows, the raw JSON, and its `## Kernels` section of
-docs/benchmarks.md. The plot is kernels_plot.py; the measuring, kernels_measure.py."""
+docs/benchmarks.md. The plot is plot.py; the measuring, measure.py."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,8 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import bench_report as report
-from kernels_config import (TARGET_BANDWIDTH_FRACTION, TARGET_BLOCK_SIZE, TARGET_RATIO,
-                            Shapes)
+from bench import report
+from bench.kernels.config import TARGET_BANDWIDTH_FRACTION, TARGET_BLOCK_SIZE, TARGET_RATIO, Shapes
 
 NAN = float("nan")
 
@@ -26,7 +25,7 @@ class DecodeResult:
     skipped: bool = False          # over --max-kv-gib: never allocated
     paged_us: float = NAN
     sdpa_us: float = NAN           # same (context, batch) for every block size: timed once
-    sdpa_backend: str = ""         # the fastest that took the shapes (kernels_measure.py)
+    sdpa_backend: str = ""         # the fastest that took the shapes (measure.py)
     bytes_moved: int = 0           # K/V read + queries read + outputs written
     max_abs_error: float = NAN     # paged output against SDPA's, same data
     close: bool = True

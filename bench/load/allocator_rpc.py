@@ -2,10 +2,8 @@
 same core and requests in-process for comparison."""
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 
 import grpc
 
@@ -15,14 +13,7 @@ from allocator_service.ops import BlockOp
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
-
-# The harnesses that run the real allocator and redis-server as subprocesses live with the tests
-# (allocator_process.py, redis_process.py); the benchmarks reuse them from there.
-TESTS_DIR = str(Path(__file__).resolve().parent.parent / "tests")
-if TESTS_DIR not in sys.path:
-    sys.path.append(TESTS_DIR)
-
-from pagedserve.supervisor.service_process import AllocatorProcess  # noqa: E402
+from pagedserve.supervisor.service_process import AllocatorProcess
 
 
 @contextmanager

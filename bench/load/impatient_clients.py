@@ -2,7 +2,7 @@
 
 Each request follows a Plan drawn from a seeded `random.Random` and ends as a Result saying how
 far it got. All of them run on one asyncio loop (grpc.aio and httpx's AsyncClient, the lightest
-clients on 2 cores, as bench/serve_gateway_load.py found), at most `concurrency` at a time.
+clients on 2 cores, as bench/serve/gateway_load.py found), at most `concurrency` at a time.
 
     kind                     what the client does
     grpc-cancel-after-delay  cancels Generate 1 ms-1 s after starting it (log-uniform: right

@@ -1,25 +1,25 @@
 """Memory benchmark: how much of the KV cache holds real tokens, and how many sequences fit in
 it, under pagedserve's allocator and under per-request contiguous reservation.
 
-    .venv/bin/python bench/memory.py            # 800 chat-like requests (2-3 minutes, 2 cores)
-    .venv/bin/python bench/memory.py --quick    # smoke run; writes nothing unless told
+    .venv/bin/python -m bench.memory            # 800 chat-like requests (2-3 minutes, 2 cores)
+    .venv/bin/python -m bench.memory --quick    # smoke run; writes nothing unless told
 
 Replays one chat-like workload (ShareGPT-like lengths, all requests waiting at t = 0;
-memory_workload.py) in a fixed KV budget of 65,536 token slots against (a) contiguous
+workload.py) in a fixed KV budget of 65,536 token slots against (a) contiguous
 reservation of the maximum model length (2,048) per request, (b) reservation of the next power
 of two at or above prompt + output length (both simulated with the engine's iteration
-structure, memory_reservation.py), and (c) pagedserve's engine and allocator core at block
-sizes 8 to 256 (memory_paged.py). After every iteration it samples the sequences holding KV
-memory, the tokens they hold and the slots allocated to them (memory_samples.py). Reported:
+structure, reservation.py), and (c) pagedserve's engine and allocator core at block
+sizes 8 to 256 (paged.py). After every iteration it samples the sequences holding KV
+memory, the tokens they hold and the slots allocated to them (samples.py). Reported:
 the share of allocated slots holding tokens and the mean and max concurrent sequences while
 requests wait (targets: ≥ 96% at block 16, and ≥ 3× the sequences of (a)), and the same over
-the whole run. Writes the `## Memory` section of docs/benchmarks.md (memory_report.py) and
-docs/img/memory_bench.png (memory_plot.py); `--results-dir` also keeps the raw numbers as
+the whole run. Writes the `## Memory` section of docs/benchmarks.md (report.py) and
+docs/img/memory_bench.png (plot.py); `--results-dir` also keeps the raw numbers as
 memory_bench.json. Exits 1 when a sanity check fails (a request without all its tokens, or a
 sample the admin API's pool statistics disagree with).
 
 Where this departs from its brief, and why: the paged runs' forward pass is a stand-in
-(memory_paged.py), not a tiny random Llama checkpoint. A CPU forward pass over a full
+(paged.py), not a tiny random Llama checkpoint. A CPU forward pass over a full
 65,536-slot cache took about 0.1 s per iteration (the paged decode attention reads every cached
 token), so minutes per block size, and the kernels refuse block size 8; the tokens computed
 change nothing in where memory goes, and tests/test_bench_memory.py pins that a real model's
@@ -33,22 +33,23 @@ import sys
 import time
 from pathlib import Path
 
-import memory_report as report
-from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
+from bench.memory import report
+from bench.report import (add_output_flags, output_paths, publish, text_grid, text_table,
                           with_overrides)
-from memory_paged import replay_paged, stand_in_engine
-from memory_plot import write_plot
-from memory_reservation import (max_length_reservation, power_of_two_reservation,
-                                replay_reservations)
-from memory_samples import CONTIGUOUS, POW2, SchemeRun
-from memory_workload import FULL, QUICK, Settings, Workload, draw_workload
+from bench.memory.paged import replay_paged, stand_in_engine
+from bench.memory.plot import write_plot
+from bench.memory.reservation import (max_length_reservation, power_of_two_reservation,
+                                      replay_reservations)
+from bench.memory.samples import CONTIGUOUS, POW2, SchemeRun
+from bench.memory.workload import FULL, QUICK, Settings, Workload, draw_workload
 from tqdm import tqdm
 
 SANITY_FAILED_EXIT = 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.memory",
+                                     description=__doc__.splitlines()[0])
     add_output_flags(parser)
     parser.add_argument("--requests", type=int, default=None,
                         help="number of requests (default: 800; 100 with --quick)")

@@ -15,7 +15,7 @@ Sampled from the allocator core's pool, the accounting the admin API's `pool_sta
 (`pagedctl stats`): slots = blocks referenced by a sequence × block size (blocks on the free
 list, prefix-cached or not, are not counted); tokens = per sequence, the tokens the allocator
 recorded for it, at most its table's capacity; sequences = the sequences the pool holds. After
-an iteration the allocator has recorded exactly the tokens memory_samples.py counts: a whole
+an iteration the allocator has recorded exactly the tokens samples.py counts: a whole
 prompt from its Allocate on, then the token each Append reported, which that iteration's forward
 pass wrote. Every `CHECK_EVERY`-th sample is checked against `pool_stats` itself.
 """
@@ -32,8 +32,8 @@ from executor_service.engine.block_allocator import LocalBlockAllocator
 from executor_service.engine.engine import Engine
 from executor_service.engine.scheduler import SchedulerConfig
 from executor_service.engine.sequence import Sequence
-from memory_samples import Sample, SchemeRun, paged_name
-from memory_workload import Settings, Workload
+from bench.memory.samples import Sample, SchemeRun, paged_name
+from bench.memory.workload import Settings, Workload
 from pagedserve.common.sampling_params import SamplingParams
 
 # The engine should never refuse a request for the number of sequences: only memory limits.

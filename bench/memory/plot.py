@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import bench_report as report
-from memory_report import Results
-from memory_samples import CONTIGUOUS, POW2, SchemeRun
+from bench import report
+from bench.memory.report import Results
+from bench.memory.samples import CONTIGUOUS, POW2, SchemeRun
+from bench.plot import pyplot, save_figure
 
 COLORS = {CONTIGUOUS: "#dd8452", POW2: "#c4ad66"}
 PAGED_COLOR = "#4c72b0"
@@ -29,9 +30,7 @@ def color(run: SchemeRun) -> str:
 
 
 def write_plot(r: Results, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s = r.settings
     figure, (shares, counts, series) = plt.subplots(1, 3, figsize=(17, 5),
@@ -87,7 +86,4 @@ def write_plot(r: Results, path: Path) -> None:
     figure.suptitle(f"pagedserve KV memory, {report.today()}: {s.num_requests} chat-like "
                     f"requests, {s.budget_slots:,}-slot budget, max length "
                     f"{s.max_model_len:,}", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

@@ -1,6 +1,6 @@
 """What the memory benchmark reports: the rows with their targets, the per-scheme grid (terminal
 and markdown), the raw JSON and its `## Memory` section of docs/benchmarks.md. The plot is
-memory_plot.py."""
+plot.py."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import bench_report as report
-from memory_samples import CONTIGUOUS, SchemeRun, paged_name
-from memory_workload import Settings, Workload
+from bench import report
+from bench.memory.samples import CONTIGUOUS, SchemeRun, paged_name
+from bench.memory.workload import Settings, Workload
 
 # Llama-3-8B's shape in bfloat16: 32 layers × K and V × 8 heads × 128 dims × 2 bytes per token.
 EXAMPLE_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
@@ -123,7 +123,7 @@ def workload_text(r: Results) -> str:
     return (f"{s.num_requests} requests, all waiting at t = 0 (a saturated server), lengths "
             "drawn like ShareGPT's (the vLLM paper, Kwon et al., SOSP 2023, §6.1 and Fig. 11, "
             "reports averages of about 161 prompt and 338 output tokens; "
-            "bench/memory_workload.py says how the distributions were chosen). Prompt lengths "
+            "workload.py says how the distributions were chosen). Prompt lengths "
             f"{s.prompt_lens.describe()} (drawn: {report.drawn_lengths(w.prompt_lens)}; "
             f"{sum(w.prompt_lens):,} tokens); output lengths {s.output_lens.describe()} "
             f"(drawn: {report.drawn_lengths(w.output_lens)}; {sum(w.output_lens):,} tokens), "
@@ -141,14 +141,14 @@ def method_text(r: Results) -> str:
         "maximum model length (the vLLM paper's Orca Max); power-of-two reservation gives it "
         "the next power of two at or above its prompt + output length, as if the final length "
         "were known to within 2× (Orca Pow2). Both are simulated with the engine's iteration "
-        f"structure (bench/memory_reservation.py: {s.max_batched_tokens} tokens per iteration, "
+        f"structure (reservation.py: {s.max_batched_tokens} tokens per iteration, "
         "chunked prefill, oldest first, admitted while the reservation fits; never preempted). "
         "pagedserve is its real engine and allocator core in-process (`Engine`, `Scheduler`, "
         f"`LocalBlockAllocator`; {s.lookahead_slots} lookahead slots, "
         f"{s.max_batched_tokens} tokens per iteration, no limit on sequences), one pool of "
         f"{s.budget_slots:,} slots per block size, whose forward pass is a stand-in that "
         "computes nothing (where memory goes does not depend on the tokens computed; a test "
-        "pins that a real model gives the same samples; bench/memory_paged.py). After every "
+        "pins that a real model gives the same samples; paged.py). After every "
         "iteration the cache is sampled: sequences holding KV memory, the tokens they hold "
         "(each prompt whole from admission, then each token whose K/V was written) and the "
         "slots allocated to them (paged: blocks in use × block size, as `pool_stats` counts "

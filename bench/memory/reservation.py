@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memory_samples import Sample, SchemeRun
+from bench.memory.samples import Sample, SchemeRun
 
 # (prompt length, output length) -> token slots reserved for the request.
 Reserve = Callable[[int, int], int]

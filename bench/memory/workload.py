@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from throughput_workload import LogNormalLengths
+from bench.throughput.workload import LogNormalLengths
 
 SEED = 20240917
 

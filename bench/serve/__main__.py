@@ -2,23 +2,23 @@
 and HTTP against the in-process engine, on the same requests at the same request rates, as
 vLLM's `benchmark_serving` measures a server.
 
-    .venv/bin/python bench/serve.py            # CPU, embedded model (about 4 minutes)
-    .venv/bin/python bench/serve.py --quick    # smoke run; writes nothing unless told
-    .venv/bin/python bench/serve.py --gpu      # executor and in-process engine on CUDA
+    .venv/bin/python -m bench.serve            # CPU, embedded model (about 4 minutes)
+    .venv/bin/python -m bench.serve --quick    # smoke run; writes nothing unless told
+    .venv/bin/python -m bench.serve --gpu      # executor and in-process engine on CUDA
 
 The CPU preset sends 192 requests with chat-like prompt lengths and 32..128 output tokens at
 request rates ∞, 12 and 6 per second, at most 64 open at a time, to each contender: the
-in-process engine (serve_engine_load.py), the gateway's gRPC `Generate` and its OpenAI HTTP
-`/v1/completions` with streaming (serve_gateway_load.py), the stack started as child processes
-on loopback (serve_stack.py). Measured per contender and rate: request throughput, output
-tokens/s, TTFT, TPOT and ITL (mean, median, p99; serve_metrics.py says how), and the CPU each
+in-process engine (engine_load.py), the gateway's gRPC `Generate` and its OpenAI HTTP
+`/v1/completions` with streaming (gateway_load.py), the stack started as child processes
+on loopback (stack.py). Measured per contender and rate: request throughput, output
+tokens/s, TTFT, TPOT and ITL (mean, median, p99; metrics.py says how), and the CPU each
 process spent per token. Target: the stack through gRPC delivers ≥ 80 % of the in-process
 engine's output tokens/s at 64 concurrent streams (rate ∞); HTTP's ratio is reported beside it.
 Sanity, which makes the exit status 1 when it fails: every request returned exactly its tokens,
 gRPC's greedy tokens equal the in-process engine's, HTTP's text equals gRPC's.
 
-Writes the `## Serving` section of docs/benchmarks.md (serve_report.py) and
-docs/img/serve_bench.png (serve_plot.py); `--results-dir` also keeps serve_bench.json.
+Writes the `## Serving` section of docs/benchmarks.md (report.py) and
+docs/img/serve_bench.png (plot.py); `--results-dir` also keeps serve_bench.json.
 
 Decisions:
 - The load generator is this process, on the same cores as the stack (there is no second
@@ -27,9 +27,9 @@ Decisions:
   rate runs once per contender, which keeps the run within minutes.
 - The gRPC client is grpc.aio, not the project's synchronous `GatewayClient` on threads: on
   the shared cores the load generator should steal as little as it can, and the threads cost
-  about 1.4× the CPU per token (serve_gateway_load.py). The HTTP client is httpx's AsyncClient.
+  about 1.4× the CPU per token (gateway_load.py). The HTTP client is httpx's AsyncClient.
 - The in-process engine runs on this process's main thread, where the throughput benchmark
-  runs it too; no other thread here runs torch (serve_engine_load.py says why that matters).
+  runs it too; no other thread here runs torch (engine_load.py says why that matters).
 """
 from __future__ import annotations
 
@@ -41,20 +41,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-import serve_report as report
+from bench.serve import report
 import torch
-from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
+from bench.report import (add_output_flags, output_paths, publish, text_grid, text_table,
                           with_overrides)
-from device_refusal import refused
-from serve_engine_load import InProcessLoad
-from serve_gateway_load import GrpcLoad, HttpLoad
-from serve_metrics import Run
-from serve_model import ServedModel, model_for
-from serve_plot import write_plot
-from serve_stack import Stack, cpu_seconds
-from serve_workload import (CPU, GPU, QUICK, GiB, ServeSettings, arrival_times, draw_requests,
-                            parse_rates, rate_label)
-from throughput_workload import Workload, fixed, ordinary_token_ids, warmup_workload
+from bench.report import refused
+from bench.serve.engine_load import InProcessLoad
+from bench.serve.gateway_load import GrpcLoad, HttpLoad
+from bench.serve.metrics import Run
+from bench.serve.model import ServedModel, model_for
+from bench.serve.plot import write_plot
+from bench.serve.stack import Stack, cpu_seconds
+from bench.serve.workload import (CPU, GPU, QUICK, GiB, ServeSettings, arrival_times, draw_requests,
+                                  parse_rates, rate_label)
+from bench.throughput.workload import Workload, fixed, ordinary_token_ids, warmup_workload
 from tqdm import tqdm
 
 
@@ -63,7 +63,8 @@ SANITY_FAILED_EXIT = 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.serve",
+                                     description=__doc__.splitlines()[0])
     add_output_flags(parser)
     parser.add_argument("--gpu", action="store_true",
                         help="the GPU preset: executor and in-process engine on cuda, bfloat16")
@@ -111,7 +112,7 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
-    if refused("serve.py", settings.device):
+    if refused("bench.serve", settings.device):
         return NO_GPU_EXIT
     out_md, out_png = output_paths(args, "serve_bench.png")
     # SIGTERM unwinds like Ctrl-C, so the stack is always stopped in order.

@@ -13,9 +13,9 @@ import collections
 import time
 from pathlib import Path
 
-from serve_metrics import RequestTrace
-from serve_workload import ServeSettings
-from throughput_workload import Workload
+from bench.serve.metrics import RequestTrace
+from bench.serve.workload import ServeSettings
+from bench.throughput.workload import Workload
 from tqdm import tqdm
 
 from executor_service.engine.build import EngineOptions, build_engine
@@ -24,7 +24,7 @@ from pagedserve.common.sampling_params import SamplingParams
 
 
 class InProcessLoad:
-    """`serve()` alike with the gateway's clients (serve_gateway_load.py).
+    """`serve()` alike with the gateway's clients (gateway_load.py).
 
     The engine is built and stepped on this process's main thread, as the throughput benchmark
     and `offline.generate` run it, and no other thread of this process runs torch. On the CPU
@@ -49,7 +49,7 @@ class InProcessLoad:
 
 
 def build_in_process(settings: ServeSettings, model_dir: Path) -> Engine:
-    """The engine with the executor's settings (serve_stack.executor_flags)."""
+    """The engine with the executor's settings (stack.executor_flags)."""
     return build_engine(model_dir, EngineOptions(
         device=settings.device, dtype=settings.dtype, block_size=16,
         kv_cache_memory=settings.kv_cache_bytes, max_num_seqs=settings.max_num_seqs,

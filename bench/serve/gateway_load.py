@@ -19,8 +19,8 @@ import time
 
 import grpc
 import httpx
-from serve_metrics import RequestTrace
-from throughput_workload import Workload
+from bench.serve.metrics import RequestTrace
+from bench.throughput.workload import Workload
 from tqdm import tqdm
 
 from pagedserve.common.server import MAX_MESSAGE_BYTES
@@ -140,7 +140,7 @@ class HttpLoad(AsyncLoad):
                     if "error" in chunk:
                         trace.error = str(chunk["error"].get("message", chunk["error"]))
                     for choice in chunk.get("choices", ()):
-                        # Tokens per chunk are filled in later (serve_metrics.align_http).
+                        # Tokens per chunk are filled in later (metrics.align_http).
                         trace.arrivals.append((stamp, 0))
                         trace.pieces.append(choice["text"])
                     if chunk.get("usage"):

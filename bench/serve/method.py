@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import os
 
-from bench_report import drawn_lengths
-from serve_workload import ServeSettings, rate_label
-from throughput_workload import Workload
+from bench.report import drawn_lengths
+from bench.serve.workload import ServeSettings, rate_label
+from bench.throughput.workload import Workload
 
 
 def rates_text(settings: ServeSettings) -> str:

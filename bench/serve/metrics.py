@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from bench_report import percentile
+from bench.report import percentile
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from throughput_workload import write_gpu_stand_in
+from bench.throughput.workload import write_gpu_stand_in
 
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 

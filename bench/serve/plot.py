@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import bench_report as report
-from serve_metrics import summary_ms
-from serve_report import CONTENDERS, ENGINE, GRPC, HTTP, LABELS, Results
-from serve_workload import rate_label
+from bench import report
+from bench.serve.metrics import summary_ms
+from bench.serve.report import CONTENDERS, ENGINE, GRPC, HTTP, LABELS, Results
+from bench.serve.workload import rate_label
+from bench.plot import pyplot, save_figure
 
 COLORS = {ENGINE: "#4c72b0", GRPC: "#dd8452", HTTP: "#55a868"}
 WIDTH = 0.26
 
 
 def write_plot(r: Results, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rates = r.settings.request_rates
     figure, (throughput, ttft, itl) = plt.subplots(1, 3, figsize=(16, 5))
@@ -51,7 +50,4 @@ def write_plot(r: Results, path: Path) -> None:
     throughput.set_ylim(0, max(run.tokens_per_s for run in r.runs) * 1.45)
     figure.suptitle(f"pagedserve serving, {report.today()}: {r.model}, {r.settings.dtype}, "
                     f"{r.device}: the whole stack against the in-process engine", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

@@ -1,7 +1,7 @@
 """What the serving benchmark reports: every run of every contender at every rate, the rows with
 the target and the sanity checks, the grids (throughput, latency, CPU), the raw JSON and its
-`## Serving` section of docs/benchmarks.md. The plot is serve_plot.py; the wording of the method
-is serve_method.py."""
+`## Serving` section of docs/benchmarks.md. The plot is plot.py; the wording of the method
+is method.py."""
 from __future__ import annotations
 
 import json
@@ -10,11 +10,11 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bench_report as report
-from serve_method import method_text, workload_text
-from serve_metrics import Run, align_http, summary_ms
-from serve_workload import ServeSettings, rate_label
-from throughput_workload import Workload
+from bench import report
+from bench.serve.method import method_text, workload_text
+from bench.serve.metrics import Run, align_http, summary_ms
+from bench.serve.workload import ServeSettings, rate_label
+from bench.throughput.workload import Workload
 
 ENGINE, GRPC, HTTP = "engine", "grpc", "http"
 CONTENDERS = (ENGINE, GRPC, HTTP)
@@ -49,7 +49,7 @@ class Results:
     @property
     def exact_dtype(self) -> bool:
         # Only float32 is expected to pick the same greedy tokens whatever the batch around a
-        # request; half precision's rounding flips near-ties (as in throughput_report.py).
+        # request; half precision's rounding flips near-ties (as in bench/throughput/report.py).
         return self.settings.dtype == "float32"
 
     def align_http_runs(self) -> None:

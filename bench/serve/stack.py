@@ -13,7 +13,7 @@ import os
 import shlex
 from pathlib import Path
 
-from serve_workload import ServeSettings
+from bench.serve.workload import ServeSettings
 
 from pagedserve.cli import up
 from pagedserve.cli.child_service import ChildService
@@ -24,7 +24,7 @@ KEPT_VARIABLES = ("PAGEDSERVE_CACHE_DIR",)
 
 
 def executor_flags(settings: ServeSettings, model_dir: Path | None) -> list[str]:
-    """The in-process engine's settings (serve_engine_load.py builds it from the same)."""
+    """The in-process engine's settings (engine_load.py builds it from the same)."""
     return ["--device", settings.device, "--dtype", settings.dtype, "--block-size", "16",
             "--kv-cache-memory", str(settings.kv_cache_bytes),
             "--max-num-batched-tokens", str(settings.max_batched_tokens),

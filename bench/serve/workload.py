@@ -1,7 +1,7 @@
 """What the serving benchmark sends: the presets (CPU, --quick, --gpu), the requests they draw
 and when each request arrives.
 
-Prompts are random ordinary token ids with chat-like lengths (throughput_workload.py says why
+Prompts are random ordinary token ids with chat-like lengths (bench/throughput/workload.py says why
 log-normal, median 100, clipped to [8, 1024]); outputs have a length per request and ignore
 end-of-sequence, so every contender computes exactly the same tokens. Prompts go as token ids,
 so no tokenizer stands between the gateway and the in-process engine.
@@ -18,8 +18,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from throughput_workload import (CHAT_PROMPTS, SEED, LogNormalLengths, UniformLengths, Workload,
-                                 draw_workload, fixed)
+from bench.throughput.workload import (CHAT_PROMPTS, SEED, LogNormalLengths, UniformLengths,
+                                        Workload, draw_workload, fixed)
 
 MiB = 1024 ** 2
 GiB = 1024 ** 3

@@ -2,20 +2,20 @@
 throughput. Parallel sampling with n = 2, 4, 6 (fork) and one system prompt shared by many
 requests (prefix cache), each run with and without sharing on the same requests.
 
-    .venv/bin/python bench/sharing.py            # CPU, embedded model (about 1.5 minutes)
-    .venv/bin/python bench/sharing.py --quick    # smoke run (seconds); writes nothing unless told
+    .venv/bin/python -m bench.sharing            # CPU, embedded model (about 1.5 minutes)
+    .venv/bin/python -m bench.sharing --quick    # smoke run (seconds); writes nothing unless told
 
 Each case submits its requests at once to our engine (in-process, a cache large enough that
-nothing is preempted) and counts the blocks in use after every iteration (sharing_run.py);
-sharing_workload.py says what "shared" and "not shared" submit. Reported per case: blocks in
+nothing is preempted) and counts the blocks in use after every iteration (run.py);
+workload.py says what "shared" and "not shared" submit. Reported per case: blocks in
 use (mean over the run, time-weighted, and peak) with and without sharing and the saving,
 the saving the lengths predict, prompt tokens computed, output tokens/s of both modes and their
 ratio; beside them the vLLM paper's savings (6–30% for parallel sampling, 37–66% for beam
-search, which pagedserve lacks) for reference, not as targets (sharing_text.py says why ours
+search, which pagedserve lacks) for reference, not as targets (text.py says why ours
 differ). Sanity rows: every request returned all its tokens, nothing was preempted, and greedy
 outputs are the same with and without the prefix cache; if one fails the script exits 1.
-Writes the `## Sharing` section of docs/benchmarks.md (sharing_report.py) and
-docs/img/sharing_bench.png (sharing_plot.py); `--results-dir` also keeps the raw numbers as
+Writes the `## Sharing` section of docs/benchmarks.md (report.py) and
+docs/img/sharing_bench.png (plot.py); `--results-dir` also keeps the raw numbers as
 sharing_bench.json.
 
 Design notes. torch computes on one thread unless --threads says otherwise: what this
@@ -36,13 +36,13 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import sharing_report as report
+from bench.sharing import report
 import torch
-from bench_report import add_output_flags, output_paths, publish, text_grid, text_table
-from sharing_plot import write_plot
-from sharing_run import run_case
-from sharing_workload import FULL, QUICK, Settings, Submission, draw_cases
-from throughput_workload import ordinary_token_ids, warmup_workload
+from bench.report import add_output_flags, output_paths, publish, text_grid, text_table
+from bench.sharing.plot import write_plot
+from bench.sharing.run import run_case
+from bench.sharing.workload import FULL, QUICK, Settings, Submission, draw_cases
+from bench.throughput.workload import ordinary_token_ids, warmup_workload
 from tqdm import tqdm
 
 from executor_service.engine.build import EngineOptions, build_engine
@@ -54,7 +54,8 @@ SANITY_FAILED_EXIT = 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.sharing",
+                                     description=__doc__.splitlines()[0])
     add_output_flags(parser)
     parser.add_argument("--rounds", type=int, default=None,
                         help="runs of each mode of each case, alternating; the fastest counts "

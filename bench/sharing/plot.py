@@ -5,18 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import bench_report as report
-from sharing_report import Results
-from sharing_text import PAPER_PARALLEL_RANGE
-from sharing_workload import PARALLEL, SYSTEM
+from bench import report
+from bench.sharing.report import Results
+from bench.sharing.text import PAPER_PARALLEL_RANGE
+from bench.sharing.workload import PARALLEL, SYSTEM
+from bench.plot import pyplot, save_figure
 
 UNSHARED_COLOR, SHARED_COLOR = "#dd8452", "#4c72b0"
 
 
 def write_plot(r: Results, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, (over_time, savings) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=(3, 2))
     shown = r.of_kind(PARALLEL)[-1:] + r.of_kind(SYSTEM)
@@ -59,7 +58,4 @@ def write_plot(r: Results, path: Path) -> None:
 
     figure.suptitle(f"pagedserve KV sharing, {report.today()}: {r.model}, float32, cpu",
                     fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

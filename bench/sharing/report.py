@@ -1,7 +1,7 @@
 """What the sharing benchmark records and reports: both modes' runs of every case, the rows
 (with the vLLM paper's figures beside ours, for reference), the grid, the raw JSON and the
-`## Sharing` section of docs/benchmarks.md. The plot is sharing_plot.py, the why of the
-numbers is sharing_text.py."""
+`## Sharing` section of docs/benchmarks.md. The plot is plot.py, the why of the
+numbers is text.py."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bench_report as report
-import sharing_text as text
-from sharing_run import Run
-from sharing_workload import PARALLEL, SYSTEM, Case, Settings
+from bench import report
+from bench.sharing import text
+from bench.sharing.run import Run
+from bench.sharing.workload import PARALLEL, SYSTEM, Case, Settings
 
 
 @dataclass(slots=True)
@@ -72,7 +72,7 @@ class Results:
     settings: Settings
     model: str
     num_blocks: int
-    # torch's CPU threads (sharing.py says why one by default).
+    # torch's CPU threads (bench.sharing says why one by default).
     threads: int
     pairs: list[Pair]
 

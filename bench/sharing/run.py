@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sharing_workload import Submission
+from bench.sharing.workload import Submission
 from tqdm import tqdm
 
 from executor_service.engine.engine import Engine

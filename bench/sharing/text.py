@@ -1,13 +1,13 @@
 """The prose of the `## Sharing` section: how the benchmark measured, and why its savings land
 where they do next to the vLLM paper's (Kwon et al., "Efficient Memory Management for Large
 Language Model Serving with PagedAttention", SOSP 2023). Paragraphs come back unwrapped;
-sharing_report.py wraps them."""
+report.py wraps them."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bench_report import drawn_lengths
-from sharing_workload import BLOCK_SIZE, PARALLEL, SYSTEM
+from bench.report import drawn_lengths
+from bench.sharing.workload import BLOCK_SIZE, PARALLEL, SYSTEM
 
 from allocator_service.executor_pool import blocks_for
 

@@ -13,7 +13,7 @@ what each case submits with sharing and without.
         not shared:  a cache salt per request: every request computes and holds its own copy.
 
 Both modes of a case ask for the same output tokens. Prompts are random ordinary token ids
-(throughput_workload.py), parallel sampling prompts chat-like in length (CHAT_PROMPTS). Salts
+(bench/throughput/workload.py), parallel sampling prompts chat-like in length (CHAT_PROMPTS). Salts
 carry a per-run tag as well, so no run finds what an earlier run left in the prefix cache.
 
 Each sampled request gets a seed, and choice j of a shared request draws with child_seed(seed, j)
@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from throughput_workload import CHAT_PROMPTS, SEED, LogNormalLengths, random_prompt
+from bench.throughput.workload import CHAT_PROMPTS, SEED, LogNormalLengths, random_prompt
 
 from allocator_service.executor_pool import blocks_for
 from executor_service.engine.sampler import child_seed

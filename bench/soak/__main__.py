@@ -3,16 +3,16 @@ points and one allocator crash, then checks that nothing leaked and nothing grew
 
     make soak                                  # 10 minutes; rewrites docs/reliability.md's
                                                # `## Soak` and docs/img/soak_memory.png
-    .venv/bin/python bench/soak.py --minutes 2
-    .venv/bin/python bench/soak.py --quick     # 20 s smoke run; writes nothing unless told
+    .venv/bin/python -m bench.soak --minutes 2
+    .venv/bin/python -m bench.soak --quick     # 20 s smoke run; writes nothing unless told
 
-The stack (soak_stack.py): redis-server, an allocator journaling to it, one executor on the
-embedded model, a gateway. The load (tests/impatient_clients.py, which the client-storm test
+The stack (stack.py): redis-server, an allocator journaling to it, one executor on the
+embedded model, a gateway. The load (bench/load/impatient_clients.py, which the client-storm test
 uses too): `--concurrency` clients at a time, gRPC and HTTP, streamed and whole, greedy and
 sampled, a third of them giving up mid-way. Before the load, each prompt's greedy answer comes
 from the in-process engine, and the gateway's undisturbed answer is checked against it. At half
 time the allocator is killed with SIGKILL and restarted on the same port and Redis. Memory of
-every process is sampled throughout (soak_memory.py).
+every process is sampled throughout (bench.memory).
 
 Afterwards: every count that must drain is zero (used blocks, sequences, executor and gateway
 requests), `Audit` is clean, no request failed, every greedy answer (whole or the part that
@@ -30,22 +30,17 @@ import threading
 import time
 from pathlib import Path
 
-from bench_report import ROOT, add_output_flags, command_line, output_paths
-from soak_memory import RssSampler, growth, sample_interval
-from soak_plot import write_plot
 from tqdm import tqdm
 
-# The service harnesses and the impatient clients live with the tests; the soak runs them from
-# there (as bench/allocator_rpc.py runs the allocator's), and so do soak_stack and soak_report.
-if str(ROOT / "tests") not in sys.path:
-    sys.path.append(str(ROOT / "tests"))
-
-from pagedserve.supervisor.service_process import pagedctl_audit  # noqa: E402
-from impatient_clients import (  # noqa: E402
-    Answer, ImpatientClients, Plan, Result, draw_plans, wrong_answer)
-from soak_report import SoakResults, section, terminal_report, write_section  # noqa: E402
-from soak_stack import SoakStack  # noqa: E402
-from stack_leftovers import drained, gateway_outcomes  # noqa: E402
+from bench.load.impatient_clients import (Answer, ImpatientClients, Plan, Result, draw_plans,
+                                           wrong_answer)
+from bench.load.stack_leftovers import drained, gateway_outcomes
+from bench.report import ROOT, add_output_flags, command_line, output_paths
+from bench.soak.memory import RssSampler, growth, sample_interval
+from bench.soak.plot import write_plot
+from bench.soak.report import SoakResults, section, terminal_report, write_section
+from bench.soak.stack import SoakStack
+from pagedserve.supervisor.service_process import pagedctl_audit
 
 QUICK_MINUTES = 0.3
 PAGE = "reliability.md"   # under docs/: the soak is a reliability check, not a benchmark
@@ -62,7 +57,8 @@ MIX = {"grpc-complete": 0.22, "http-stream-complete": 0.22, "http-whole-complete
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.soak",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=None,
                         help=f"how long the load runs (default 10; {QUICK_MINUTES} with --quick)")
     parser.add_argument("--concurrency", type=int, default=24, help="clients at a time")
@@ -73,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.minutes = QUICK_MINUTES if args.quick else 10.0
     if not args.minutes > 0:
         parser.error("--minutes must be positive")
-    args.out_md, args.out_png = output_paths(args, "soak_memory.png", PAGE)
+    args.out_md, args.out_png = output_paths(args, "memory.png", PAGE)
     return args
 
 

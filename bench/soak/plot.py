@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from soak_memory import EARLY, LATE, MemorySamples
+from bench.soak.memory import EARLY, LATE, MemorySamples
+from bench.plot import pyplot, save_figure
 
 COLORS = {"allocator": "#4c72b0", "executor": "#dd8452", "gateway": "#55a868", "redis": "#c44e52"}
 
 
 def write_plot(memory: MemorySamples, restarts: list[tuple[float, float]], path: Path) -> None:
     """One panel per process, each on its own linear scale, so a slow growth shows."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(memory.rss_mib)
     columns = 2
@@ -42,7 +41,4 @@ def write_plot(memory: MemorySamples, restarts: list[tuple[float, float]], path:
     restart = (f"; dashed: allocator kill -9 (away {restarts[0][1]:.1f} s)" if restarts else "")
     figure.suptitle("Resident memory per process under mixed load with cancels "
                     f"(shaded: the windows compared{restart})", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

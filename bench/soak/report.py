@@ -13,11 +13,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_report import (Row, image_link, machine_description, markdown_grid, markdown_table,
-                          text_grid, text_table, today)
-from impatient_clients import OUTCOMES, Result
-from soak_memory import MAX_GROWTH, MIN_JUDGED_S, EARLY, LATE, Growth, MemorySamples
-from soak_stack import EVENTS_MAX, NUM_BLOCKS
+from bench.report import (Row, image_link, machine_description, markdown_grid, markdown_table,
+                           text_grid, text_table, today)
+from bench.load.impatient_clients import OUTCOMES, Result
+from bench.soak.memory import MAX_GROWTH, MIN_JUDGED_S, EARLY, LATE, Growth, MemorySamples
+from bench.soak.stack import EVENTS_MAX, NUM_BLOCKS
 
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
 
@@ -130,9 +130,9 @@ def section(r: SoakResults, out_png: Path | None, out_md: Path) -> str:
     restart = ("At half time the allocator is killed with SIGKILL and started again on the "
                "same port and Redis. " if r.restarts_planned else "")
     what = fill(
-        f"`make soak` (`bench/soak.py`): {r.minutes:g} minutes of mixed load through one "
+        f"`make soak` (`python -m bench.soak`): {r.minutes:g} minutes of mixed load through one "
         f"gateway, a durable allocator (Redis) and one executor on the embedded model, from "
-        f"{r.concurrency} clients at a time (`tests/impatient_clients.py`): gRPC and HTTP, "
+        f"{r.concurrency} clients at a time (`bench/load/impatient_clients.py`): gRPC and HTTP, "
         "streamed and whole, greedy prompts whose answers the in-process engine computed "
         "beforehand, and sampled ones, with cancels and disconnects at random points. "
         f"{restart}Afterwards every count that must drain is read back and the allocator "
@@ -140,7 +140,7 @@ def section(r: SoakResults, out_png: Path | None, out_md: Path) -> str:
         "The run exits non-zero when a row says NO. The caches are sized to fill within the "
         f"warm-up, so that one still filling is not taken for a leak: the executor's pool has "
         f"{NUM_BLOCKS:,} blocks and the allocator keeps {EVENTS_MAX:,} KV events in Redis "
-        "(`--events-max`); see bench/soak_stack.py.")
+        "(`--events-max`); see stack.py.")
     last_run = fill(f"Last run: `{r.command}`, {today()}, {r.machine}.")
     return f"""## Soak
 

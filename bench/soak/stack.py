@@ -1,7 +1,6 @@
 """The soak's stack: a redis-server, an allocator journaling to it (`--state-url`), one executor
 on the embedded default model and a gateway, each a subprocess on a free loopback port, started
-with the test harnesses (pagedserve/supervisor/; bench/soak.py
-puts tests/ on sys.path).
+with the process supervisors of pagedserve/supervisor/.
 
 `restart_allocator()` is the fault the soak injects: SIGKILL, no goodbye, then the allocator
 starts again on the same port and the same Redis, so the executor's retried Steps and the

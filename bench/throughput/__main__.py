@@ -1,21 +1,21 @@
 """Throughput benchmark: our engine against transformers' static `generate` and its
 `generate_batch`, on the same model and the same mixed-length requests, in one run.
 
-    .venv/bin/python bench/throughput.py            # CPU, embedded model (about 2 minutes)
-    .venv/bin/python bench/throughput.py --quick    # smoke run; writes nothing unless told
-    .venv/bin/python bench/throughput.py --gpu      # the issue's GPU workload (needs CUDA)
+    .venv/bin/python -m bench.throughput            # CPU, embedded model (about 2 minutes)
+    .venv/bin/python -m bench.throughput --quick    # smoke run; writes nothing unless told
+    .venv/bin/python -m bench.throughput --gpu      # the issue's GPU workload (needs CUDA)
 
 The CPU preset serves 128 requests with chat-like prompt lengths (log-normal, median 100
-tokens, clipped to [8, 1024]; throughput_workload.py says why) and 64 output tokens each,
+tokens, clipped to [8, 1024]; workload.py says why) and 64 output tokens each,
 end-of-sequence ignored, in float32 on the embedded default model. --gpu serves 256 requests
 whose prompt and output lengths are uniform in [100, 1024], in bfloat16, on a random-weight
 model of Qwen2.5-0.5B's shape unless --model names a checkpoint. Each contender is greedy and
-gets the same requests (throughput_contenders.py); every run is timed from the first request in
+gets the same requests (contenders.py); every run is timed from the first request in
 to the last token out, and the contenders take turns, the best of --rounds counting. Reported:
 output tokens/s, ours over each of the others (targets: ≥ 1.5× static and ≥ 5× generate_batch on
 the CPU preset, ≥ 10× and ≥ 2× on --gpu), our allocator stalls, and whether the others' greedy
 tokens equal ours. Writes the `## Throughput` section of docs/benchmarks.md
-(throughput_report.py) and docs/img/throughput_bench.png (throughput_plot.py); `--results-dir`
+(report.py) and docs/img/throughput_bench.png (plot.py); `--results-dir`
 also keeps the raw numbers as throughput_bench.json.
 """
 from __future__ import annotations
@@ -29,17 +29,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-import throughput_report as report
+from bench.throughput import report
 import torch
-from bench_report import (add_output_flags, output_paths, publish, text_grid, text_table,
+from bench.report import (add_output_flags, output_paths, publish, text_grid, text_table,
                           with_overrides)
-from device_refusal import refused
-from throughput_contenders import (CONTINUOUS, OURS, STATIC, build_ours, cache_tokens,
-                                   continuous_config, load_transformers, run_continuous, run_ours,
-                                   run_static)
-from throughput_plot import write_plot
-from throughput_workload import (CPU, GPU, QUICK, GiB, Settings, draw_workload, fixed,
-                                 ordinary_token_ids, warmup_workload, write_gpu_stand_in)
+from bench.report import refused
+from bench.throughput.contenders import (CONTINUOUS, OURS, STATIC, build_ours, cache_tokens,
+                                         continuous_config, load_transformers, run_continuous,
+                                         run_ours, run_static)
+from bench.throughput.plot import write_plot
+from bench.throughput.workload import (CPU, GPU, QUICK, GiB, Settings, draw_workload, fixed,
+                                       ordinary_token_ids, warmup_workload, write_gpu_stand_in)
 from tqdm import tqdm
 
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
@@ -48,7 +48,8 @@ NO_GPU_EXIT = 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput",
+                                     description=__doc__.splitlines()[0])
     add_output_flags(parser)
     parser.add_argument("--gpu", action="store_true",
                         help="the GPU workload: 256 requests, prompts and outputs uniform in "
@@ -95,7 +96,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
-    if refused("throughput.py", settings.device):
+    if refused("bench.throughput", settings.device):
         return NO_GPU_EXIT
     out_md, out_png = output_paths(args, "throughput_bench.png")
     with tempfile.TemporaryDirectory(prefix="pagedserve-throughput-") as scratch:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from throughput_workload import Settings, Workload
+from bench.throughput.workload import Settings, Workload
 from tqdm import tqdm
 
 from executor_service.engine.build import EngineOptions, build_engine

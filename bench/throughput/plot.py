@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import bench_report as report
-from throughput_contenders import CONTINUOUS, OURS, STATIC
-from throughput_report import Results
+from bench import report
+from bench.throughput.contenders import CONTINUOUS, OURS, STATIC
+from bench.throughput.report import Results
+from bench.plot import pyplot, save_figure
 
 COLORS = {OURS: "#4c72b0", STATIC: "#dd8452", CONTINUOUS: "#55a868"}
 SHORT_LABELS = {OURS: "pagedserve\nengine", STATIC: "transformers\nstatic generate",
@@ -14,9 +15,7 @@ SHORT_LABELS = {OURS: "pagedserve\nengine", STATIC: "transformers\nstatic genera
 
 
 def write_plot(r: Results, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, (rates, batches) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=(2, 3))
     names = [OURS, STATIC, CONTINUOUS]
@@ -57,7 +56,4 @@ def write_plot(r: Results, path: Path) -> None:
 
     figure.suptitle(f"pagedserve throughput, {report.today()}: {r.model}, "
                     f"{r.settings.dtype}, {r.device}", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

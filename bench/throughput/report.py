@@ -1,6 +1,6 @@
 """What the throughput benchmark records and reports: every round of every contender, the rows
 with their targets, the tables (terminal and markdown), the raw JSON and its `## Throughput`
-section of docs/benchmarks.md. The plot is throughput_plot.py."""
+section of docs/benchmarks.md. The plot is plot.py."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bench_report as report
-from throughput_contenders import CONTINUOUS, OURS, STATIC, Round
-from throughput_workload import Settings, Workload
+from bench import report
+from bench.throughput.contenders import CONTINUOUS, OURS, STATIC, Round
+from bench.throughput.workload import Settings, Workload
 
 LABELS = {OURS: "pagedserve engine (in-process)",
           STATIC: "transformers static `generate`",
