@@ -1,7 +1,8 @@
 """What every benchmark under bench/ reports the same way: timings, the machine, docs/benchmarks.md.
 
 Benchmarks print a table and replace only their own `## Name` section of docs/benchmarks.md, so
-several benchmarks share the page and each rewrites just what it measured.
+several benchmarks share the page and each rewrites just what it measured; hand-written sections
+under other headings stay. Also why an engine benchmark refuses a device (`refused`).
 """
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 PAGE_HEADER = """# Benchmarks
 
-Results written by the scripts under `bench/`, one section per script; rerun a script to replace
-its section. Timings come from noisy shared machines, so each benchmark measures the things it
-compares side by side in one run and states the comparison as a ratio.
+Results written by the benchmarks under `bench/` (`python -m bench.<family>` from the repository
+root), one section per benchmark; rerun a benchmark to replace its section. A section named
+`<benchmark>: how it is measured` is written by hand and no run touches it. Timings come from noisy
+shared machines, so each benchmark measures the things it compares side by side in one run and
+states the comparison as a ratio.
 """
 
 

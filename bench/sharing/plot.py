@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import report
-from bench.sharing.report import Results
-from bench.sharing.text import PAPER_PARALLEL_RANGE
+from bench.sharing.report import PAPER_PARALLEL_RANGE, Results
 from bench.sharing.workload import PARALLEL, SYSTEM
 from bench.plot import pyplot, save_figure
 
