@@ -140,7 +140,7 @@ def section(r: SoakResults, out_png: Path | None, out_md: Path) -> str:
         "The run exits non-zero when a row says NO. The caches are sized to fill within the "
         f"warm-up, so that one still filling is not taken for a leak: the executor's pool has "
         f"{NUM_BLOCKS:,} blocks and the allocator keeps {EVENTS_MAX:,} KV events in Redis "
-        "(`--events-max`); see stack.py.")
+        "(`--events-max`); see bench/soak/stack.py.")
     last_run = fill(f"Last run: `{r.command}`, {today()}, {r.machine}.")
     return f"""## Soak
 
