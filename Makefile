@@ -53,22 +53,22 @@ run: $(INSTALLED)
 
 # Each benchmark rewrites its own section of docs/benchmarks.md and its plot under docs/img/.
 bench: $(INSTALLED) redis-server
-	$(BIN)/python bench/allocator_bench.py
-	$(BIN)/python bench/durability_bench.py
-	$(BIN)/python bench/throughput.py
-	$(BIN)/python bench/memory.py
-	$(BIN)/python bench/sharing.py
-	$(BIN)/python bench/serve.py
+	$(BIN)/python -m bench.allocator
+	$(BIN)/python -m bench.durability
+	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.memory
+	$(BIN)/python -m bench.sharing
+	$(BIN)/python -m bench.serve
 
 # Ten minutes of mixed load through the whole stack, with random cancels and one allocator
-# kill -9 (bench/soak.py); stops by itself, fails when a block leaked, an answer was wrong or a
+# kill -9 (bench/soak/); stops by itself, fails when a block leaked, an answer was wrong or a
 # process's memory grew, and rewrites `## Soak` of docs/reliability.md and its plot.
 soak: $(INSTALLED) redis-server
-	$(BIN)/python bench/soak.py
+	$(BIN)/python -m bench.soak
 
 # Needs a CUDA GPU (without one it says so and exits 2); rewrites `## Kernels` and its plot.
 bench-kernels: $(INSTALLED)
-	$(BIN)/python bench/kernels_bench.py
+	$(BIN)/python -m bench.kernels
 
 # Every GPU-relevant benchmark (kernels, engine throughput, serving) into one folder, on a CUDA
 # machine: `make bench-gpu RESULTS=gpu-results`. Without a GPU it says so and exits 2.

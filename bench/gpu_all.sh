@@ -6,13 +6,13 @@
 #     bench/gpu_all.sh --print-commands DIR   # only print what would run (what the tests check)
 #
 # Runs, in this order, each writing into RESULTS_DIR and nowhere else:
-#   1. bench/kernels_bench.py   paged decode / prefill kernels against copy bandwidth and SDPA
-#   2. bench/throughput.py --gpu  our engine against transformers' generate and generate_batch
-#   3. bench/serve.py --gpu     the whole stack (allocator, executor, gateway) against the
-#                               in-process engine, gRPC and HTTP
+#   1. -m bench.kernels           paged decode / prefill kernels against copy bandwidth and SDPA
+#   2. -m bench.throughput --gpu  our engine against transformers' generate and generate_batch
+#   3. -m bench.serve --gpu       the whole stack (allocator, executor, gateway) against the
+#                                 in-process engine, gRPC and HTTP
 # RESULTS_DIR gets benchmarks.md (each script's section, as docs/benchmarks.md would), the PNG
 # plots, each script's raw JSON, a log per script, environment.txt (GPU, driver, packages) and
-# summary.txt (each script's exit status). A script that fails does not stop the others; the
+# summary.txt (each benchmark's exit status). A benchmark that fails does not stop the others; the
 # exit status is that of the first failure. To publish, copy the sections into
 # docs/benchmarks.md and the plots into docs/img/.
 #
@@ -48,16 +48,16 @@ else
     python=python3
 fi
 
-# name|script and its flags (the output flags are added below)
+# name|module and its flags (the output flags are added below); run from the repository root
 benchmarks=(
-    "kernels|bench/kernels_bench.py"
-    "throughput|bench/throughput.py --gpu"
-    "serve|bench/serve.py --gpu"
+    "kernels|-m bench.kernels"
+    "throughput|-m bench.throughput --gpu"
+    "serve|-m bench.serve --gpu"
 )
 
-command_for() {  # name, script with flags -> the whole command line
-    local name="$1" script="$2"
-    echo "$python $script${quick[*]:+ ${quick[*]}} --out-md $out/benchmarks.md" \
+command_for() {  # name, module with flags -> the whole command line
+    local name="$1" module="$2"
+    echo "$python $module${quick[*]:+ ${quick[*]}} --out-md $out/benchmarks.md" \
          "--out-png $out/${name}_bench.png --results-dir $out"
 }
 

@@ -12,13 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu_all.sh"
-BENCHMARKS = {"bench/kernels_bench.py", "bench/throughput.py", "bench/serve.py"}
+BENCHMARKS = {"bench.kernels", "bench.throughput", "bench.serve"}
 
-# Each script's parse_args, in a child process: importing a benchmark may set TRITON_INTERPRET.
+# Each benchmark's parse_args, in a child process: importing one may set TRITON_INTERPRET.
 PARSE = """
+import importlib
 import sys
-sys.path.insert(0, "bench")
-module = __import__(sys.argv[1])
+module = importlib.import_module(sys.argv[1] + ".__main__")
 args = module.parse_args(sys.argv[2:])
 print(args.out_md, args.out_png, args.results_dir, args.quick)
 """
@@ -35,10 +35,10 @@ def test_every_printed_command_parses_with_its_scripts_own_parser(tmp_path: Path
                                                                    quick: bool) -> None:
     results = tmp_path / "results"
     commands = printed_commands(*(["--quick"] if quick else []), results=results)
-    assert {command[1] for command in commands} == BENCHMARKS
+    assert all(command[1] == "-m" for command in commands)
+    assert {command[2] for command in commands} == BENCHMARKS
     for command in commands:
-        script = Path(command[1])
-        parsed = subprocess.run([sys.executable, "-c", PARSE, script.stem, *command[2:]],
+        parsed = subprocess.run([sys.executable, "-c", PARSE, command[2], *command[3:]],
                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert parsed.returncode == 0, f"{shlex.join(command)}\n{parsed.stderr[-2000:]}"
         out_md, out_png, results_dir, parsed_quick = parsed.stdout.split()

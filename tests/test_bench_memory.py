@@ -1,10 +1,11 @@
-"""bench/memory.py: its --quick mode runs (so it can never rot), the reservation replay counts
-exactly, and the stand-in forward pass of its paged runs changes nothing a real model would.
-No timings are asserted: the machine is shared and noisy."""
+"""`python -m bench.memory`: its --quick mode runs (so it can never rot), the reservation
+replay counts exactly, and the stand-in forward pass of its paged runs changes nothing a real
+model would. No timings are asserted: the machine is shared and noisy."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +13,20 @@ from pathlib import Path
 import pytest
 from model_checkpoints import write_checkpoint
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
-from memory_paged import MAX_NUM_SEQS, replay_paged, stand_in_engine  # noqa: E402
-from memory_reservation import (max_length_reservation, power_of_two_reservation,  # noqa: E402
-                                replay_reservations)
-from memory_samples import Sample  # noqa: E402
-from memory_workload import QUICK, draw_workload  # noqa: E402
-
-from executor_service.engine.build import EngineOptions, build_engine  # noqa: E402
+from bench.memory.paged import MAX_NUM_SEQS, replay_paged, stand_in_engine
+from bench.memory.reservation import (max_length_reservation, power_of_two_reservation,
+                                      replay_reservations)
+from bench.memory.samples import Sample
+from bench.memory.workload import QUICK, draw_workload
+from executor_service.engine.build import EngineOptions, build_engine
 from allocator_service.local_block_allocator import LocalBlockAllocator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The benchmarks run as `python -m bench.<family>` from the repository root; from elsewhere (the
+# tests run them from a temporary folder) the root goes on PYTHONPATH.
+BENCH_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 METRICS = ("allocated KV slots holding tokens while requests wait, paged block 16",
            "mean concurrent sequences while requests wait, paged block 16 / contiguous "
@@ -32,8 +36,8 @@ METRICS = ("allocated KV slots holding tokens while requests wait, paged block 1
 
 
 def run_quick(cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "memory.py"), "--quick",
-                           *flags], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "bench.memory", "--quick", *flags], cwd=cwd,
+                          env=BENCH_ENV, capture_output=True, text=True, timeout=120)
 
 
 def test_memory_bench_quick_run_prints_its_tables_and_writes_nothing_by_default(

@@ -1,10 +1,11 @@
-"""bench/serve.py's --quick mode runs end to end, so the serving benchmark can never rot unnoticed:
+"""`python -m bench.serve --quick` mode runs end to end, so the serving benchmark can never rot unnoticed:
 the whole stack starts, every contender serves, the sanity checks pass, the outputs go exactly
 where they are told, and no service outlives the benchmark. No timings are asserted: the
 machine is shared and noisy."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,11 @@ from pathlib import Path
 from pagedserve.supervisor.service_process import alive
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The benchmarks run as `python -m bench.<family>` from the repository root; from elsewhere (the
+# tests run them from a temporary folder) the root goes on PYTHONPATH.
+BENCH_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 SANITY_ROWS = {
     # 8 requests of 8 tokens, served by 3 contenders.
     "requests that returned exactly their requested tokens, every run (sanity check)":
@@ -38,10 +44,10 @@ def test_serve_bench_quick_run_passes_its_sanity_checks_writes_only_where_told_a
     default_png = docs / "img" / "serve_bench.png"
     png_before = default_png.read_bytes() if default_png.exists() else None
     run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "serve.py"), "--quick",
+        [sys.executable, "-m", "bench.serve", "--quick",
          "--out-md", str(out / "benchmarks.md"), "--out-png", str(out / "serve.png"),
          "--results-dir", str(out)],
-        cwd=cwd, capture_output=True, text=True, timeout=300)
+        cwd=cwd, env=BENCH_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
     lines = run.stdout.splitlines()

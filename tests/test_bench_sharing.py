@@ -1,14 +1,20 @@
-"""bench/sharing.py's --quick mode runs, so the benchmark can never rot unnoticed. No timings are
+"""`python -m bench.sharing --quick` mode runs, so the benchmark can never rot unnoticed. No timings are
 asserted (the machine is shared and noisy); block counts are, where sharing must show: they
 depend on the schedule alone."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The benchmarks run as `python -m bench.<family>` from the repository root; from elsewhere (the
+# tests run them from a temporary folder) the root goes on PYTHONPATH.
+BENCH_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 METRICS = ("parallel sampling n=2: KV blocks saved by fork (mean over the run)",
            "beam search: KV blocks saved",
            "shared system prompt (64 tokens): KV blocks saved by the prefix cache",
@@ -20,8 +26,8 @@ METRICS = ("parallel sampling n=2: KV blocks saved by fork (mean over the run)",
 
 
 def run_quick(cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "sharing.py"), "--quick",
-                           *flags], cwd=cwd, capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-m", "bench.sharing", "--quick", *flags], cwd=cwd,
+                          env=BENCH_ENV, capture_output=True, text=True, timeout=180)
 
 
 def line_starting(text: str, start: str) -> str:

@@ -3,6 +3,7 @@ are asserted: the machine is shared and noisy)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,12 +14,17 @@ from pagedserve.supervisor.redis_server import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The benchmarks run as `python -m bench.<family>` from the repository root; from elsewhere (the
+# tests run them from a temporary folder) the root goes on PYTHONPATH.
+BENCH_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
 
 def test_allocator_bench_quick_run_prints_its_table_and_writes_nothing_by_default(
         tmp_path: Path) -> None:
     before = (ROOT / "docs" / "benchmarks.md").read_bytes()
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "allocator_bench.py"), "--quick"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    run = subprocess.run([sys.executable, "-m", "bench.allocator", "--quick"],
+                         cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     for metric in ("core: serving mix through `Allocator.step` (block ops/s)",
                    "gRPC: batched / one RPC per op",
@@ -35,9 +41,9 @@ def test_allocator_bench_quick_run_prints_its_table_and_writes_nothing_by_defaul
 def test_durability_bench_quick_run_prints_its_tables_and_writes_nothing_by_default(
         tmp_path: Path) -> None:
     before = (ROOT / "docs" / "benchmarks.md").read_bytes()
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "durability_bench.py"), "--quick",
+    run = subprocess.run([sys.executable, "-m", "bench.durability", "--quick",
                           "--data-dir", str(tmp_path)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+                         cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     for metric in ("256-op `Step` p50 over loopback: durable/memory, appendfsync everysec",
                    "256-op `Step` p50 over loopback: durable/memory, appendfsync always",
@@ -58,8 +64,8 @@ def test_durability_bench_quick_run_prints_its_tables_and_writes_nothing_by_defa
 def test_throughput_bench_quick_run_prints_its_table_and_writes_nothing_by_default(
         tmp_path: Path) -> None:
     before = (ROOT / "docs" / "benchmarks.md").read_bytes()
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--quick"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "bench.throughput", "--quick"],
+                         cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for metric in ("pagedserve engine (in-process): output tokens/s",
                    "ours / transformers static `generate` (batch 4), output tokens/s",
@@ -88,8 +94,8 @@ def run_kernels_bench_quick(cwd: Path, *flags: str) -> subprocess.CompletedProce
     # Its --quick runs the Triton kernels (interpreted without a GPU) and checks each paged
     # output against SDPA's, exiting non-zero on a mismatch.
     pytest.importorskip("triton")
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "kernels_bench.py"), "--quick",
-                           *flags], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "bench.kernels", "--quick", *flags], cwd=cwd,
+                          env=BENCH_ENV, capture_output=True, text=True, timeout=120)
 
 
 def test_kernels_bench_quick_run_prints_its_tables_and_writes_nothing_by_default(
@@ -129,9 +135,8 @@ def test_kernels_bench_full_run_without_a_gpu_refuses_and_writes_nothing(tmp_pat
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the full run would really run")
     before = (ROOT / "docs" / "benchmarks.md").read_bytes()
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "kernels_bench.py"),
-                          "--results-dir", "raw"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run([sys.executable, "-m", "bench.kernels", "--results-dir", "raw"],
+                         cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "CUDA GPU" in run.stderr and "Nothing was written" in run.stderr
     assert (ROOT / "docs" / "benchmarks.md").read_bytes() == before

@@ -1,9 +1,10 @@
-"""bench/soak.py runs end to end in a few seconds (`--quick`), so `make soak` can never rot
-unnoticed: the stack starts, the load runs with its cancels, the allocator is killed and
+"""`python -m bench.soak` runs end to end in a few seconds (`--quick`), so `make soak` can
+never rot unnoticed: the stack starts, the load runs with its cancels, the allocator is killed and
 restarted, every check passes, the section lands between its markers on the page it is told
 (the rest of that page kept), and no process outlives the run. No timings are asserted."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -14,10 +15,15 @@ import pytest
 from pagedserve.supervisor.service_process import alive
 from pagedserve.supervisor.redis_server import REDIS_SERVER
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.soak.report import BEGIN, END, write_section
 
-from soak_report import BEGIN, END, write_section  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
+# The benchmarks run as `python -m bench.<family>` from the repository root; from elsewhere (the
+# tests run them from a temporary folder) the root goes on PYTHONPATH.
+BENCH_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
 CHECKED_ROWS = ("allocator `kill -9` and restart on the same Redis",
                 "requests that failed (neither finished nor given up)",
                 "gateway's undisturbed greedy answers equal to the in-process engine's",
@@ -35,9 +41,9 @@ def test_soak_quick_run_passes_its_checks_writes_between_its_markers_and_stops_e
     page = out / "reliability.md"
     page.write_text("# Reliability\n\nKept as it is.\n")
     real_page = (ROOT / "docs" / "reliability.md").read_bytes()
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--quick",
+    run = subprocess.run([sys.executable, "-m", "bench.soak", "--quick",
                           "--out-md", str(page), "--out-png", str(out / "soak.png")],
-                         cwd=cwd, capture_output=True, text=True, timeout=300)
+                         cwd=cwd, env=BENCH_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "soak passed" in run.stdout
     lines = run.stdout.splitlines()

@@ -24,10 +24,9 @@ import httpx
 import pytest
 from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack
 from pagedserve.supervisor.service_process import pagedctl_audit
-from impatient_clients import (
-    COMPLETE_KINDS, GIVE_UP_KINDS, OUTCOMES, Answer, ImpatientClients, Plan, Result,
-    draw_plans, wrong_answer)
-from stack_leftovers import drained, gateway_outcomes
+from bench.load.impatient_clients import (COMPLETE_KINDS, GIVE_UP_KINDS, OUTCOMES, Answer,
+                                          ImpatientClients, Plan, Result, draw_plans, wrong_answer)
+from bench.load.stack_leftovers import drained, gateway_outcomes
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc

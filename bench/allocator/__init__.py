@@ -1,0 +1,1 @@
+"""Allocator benchmark: Step throughput of the core, in-process and over gRPC."""

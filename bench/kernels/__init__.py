@@ -1,0 +1,1 @@
+"""Kernels benchmark: paged decode and prefill against the copy bandwidth and SDPA (CUDA)."""

@@ -1,0 +1,1 @@
+"""Load the benchmarks and tests share: allocator client and workloads, impatient clients."""

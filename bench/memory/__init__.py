@@ -1,0 +1,1 @@
+"""Memory benchmark: KV slots holding tokens, paged against contiguous reservation."""

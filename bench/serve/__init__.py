@@ -1,0 +1,1 @@
+"""Serving benchmark: the whole stack through gRPC and HTTP against the in-process engine."""

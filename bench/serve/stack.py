@@ -1,0 +1,117 @@
+"""The whole stack as the serving benchmark runs it: the allocator, one executor and the gateway
+as child processes on free loopback ports, started in dependency order, each waited for until
+its gRPC health says SERVING, and stopped in reverse order (the gateway drains first, the
+allocator goes last) however the benchmark ends.
+
+The command lines and the supervision are `pagedserve up`'s (pagedserve/cli/up.py and its
+ChildService), with one difference: a child's output is not echoed (its tail is still shown if
+it fails), because the benchmark's stdout is its tables.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from bench.serve.workload import ServeSettings
+
+from pagedserve.cli import up
+from pagedserve.cli.child_service import ChildService
+
+# Kept from the caller's environment: where the embedded model is cached. Any other
+# PAGEDSERVE_* variable (a port, an API key, a token) would change what is measured.
+KEPT_VARIABLES = ("PAGEDSERVE_CACHE_DIR",)
+
+
+def executor_flags(settings: ServeSettings, model_dir: Path | None) -> list[str]:
+    """The in-process engine's settings (engine_load.py builds it from the same)."""
+    return ["--device", settings.device, "--dtype", settings.dtype, "--block-size", "16",
+            "--kv-cache-memory", str(settings.kv_cache_bytes),
+            "--max-num-batched-tokens", str(settings.max_batched_tokens),
+            "--max-num-seqs", str(settings.max_num_seqs),
+            *(["--model", str(model_dir)] if model_dir is not None else [])]
+
+
+class Stack:
+    """`with Stack(settings, model_dir) as stack:` the stack serves at `stack.grpc_target` and
+    `stack.http_url`; `stack.pids` names each service's process."""
+
+    def __init__(self, settings: ServeSettings, model_dir: Path | None) -> None:
+        args = up.build_parser().parse_args([
+            "--allocator-port", "0", "--executor-port", "0", "--port", "0", "--http-port", "0",
+            "--executor-args", shlex.join(executor_flags(settings, model_dir))])
+        self._args = args
+        self.allocator = quiet(up.allocator_service(args))
+        self.executor: ChildService | None = None
+        self.gateway: ChildService | None = None
+
+    def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        env = hermetic_env()
+        self.allocator.start(env)
+        self.allocator.wait_ready()
+        [executor] = up.executor_services(self._args, self.allocator.address)
+        self.executor = quiet(executor)
+        self.executor.start(env)
+        self.executor.wait_ready()
+        self.gateway = quiet(up.gateway_service(self._args, self.allocator.address))
+        self.gateway.start(env)
+        self.gateway.wait_ready()
+
+    def stop(self) -> None:
+        """Gateway, executor, allocator: nobody loses the service it depends on while it works."""
+        for child in (self.gateway, self.executor, self.allocator):
+            if child is not None:
+                child.stop()
+
+    @property
+    def grpc_target(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.address
+
+    @property
+    def http_url(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.http_url
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {child.name.removesuffix("-0"): child.process.pid
+                for child in (self.allocator, self.executor, self.gateway)
+                if child is not None and child.process is not None}
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} pid {pid}" for name, pid in self.pids.items())
+
+
+def quiet(child: ChildService) -> ChildService:
+    child.echo = False
+    return child
+
+
+def hermetic_env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("PAGEDSERVE_") or key in KEPT_VARIABLES}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (Linux's /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+

@@ -1,0 +1,1 @@
+"""Throughput benchmark: our engine against transformers' generate and generate_batch."""
