@@ -1,7 +1,7 @@
 """The allocator's block protocol over the wire, against the real server in a subprocess: no mocks.
 
 Health and reflection, Steps and the admin views of their effect, idempotent steps, leases and
-epochs. Most tests share one server (session scope, see conftest.py) and each registers
+epochs. Most tests share one server (session scope, see tests/conftest.py) and each registers
 executors of its own, named after the test; only lease expiry gets a dedicated server. Block ids
 are exact: a new pool's free list is 0, 1, 2, ... and blocks that hold nothing reusable go back
 to its head.

@@ -1,6 +1,7 @@
 """Fork shares blocks; the first write into a shared block copies it; lookahead reserves.
 
-Exact ids on 11 blocks of 4 slots; see core_helpers for the free list order behind them.
+Exact ids on 11 blocks of 4 slots; see tests/support/allocator_core.py for the free list order
+behind them.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Running out of blocks is a result, not an exception, and leaves the pool unchanged; asking
 first (can_allocate, can_append) never mutates.
 
-Exact ids on 11 blocks of 4 slots; see core_helpers for the free list order behind them.
+Exact ids on 11 blocks of 4 slots; see tests/support/allocator_core.py for the free list order
+behind them.
 """
 from __future__ import annotations
 

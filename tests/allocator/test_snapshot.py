@@ -1,8 +1,9 @@
 """Snapshots: capture() writes the whole core as JSON-able data, restore() rebuilds it exactly.
 
-Exact ids on pools of 11 blocks of 4 slots (see core_helpers for the free list order behind
-them). "Exactly" is checked with core_helpers.core_state, which reads the objects themselves,
-not through snapshot.py, and by running the same next ops on the original and the restored core.
+Exact ids on pools of 11 blocks of 4 slots (see tests/support/allocator_core.py for the free list
+order behind them). "Exactly" is checked with allocator_core.core_state, which reads the objects
+themselves, not through snapshot.py, and by running the same next ops on the original and the
+restored core.
 """
 from __future__ import annotations
 

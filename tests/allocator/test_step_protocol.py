@@ -1,7 +1,8 @@
 """Steps: per-op statuses for ops that cannot apply, idempotent retries, whole-step validation.
 
 Caller errors inside a Step are per-op statuses; below it (ExecutorPool) they are exceptions.
-Exact ids on 11 blocks of 4 slots; see core_helpers for the free list order behind them.
+Exact ids on 11 blocks of 4 slots; see tests/support/allocator_core.py for the free list order
+behind them.
 """
 from __future__ import annotations
 
