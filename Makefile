@@ -35,10 +35,11 @@ check-protos: $(PROTOC_PY)
 # Rewrites the generated references: docs/configuration.md from the argument parsers,
 # docs/api-grpc.md from the protos and the bad-input table of docs/reliability.md from the
 # bad-input tests' cases (tests fail when any is stale).
+# The generators run as modules from the repository root, so they import the project and tests/.
 docs: $(INSTALLED) $(PROTOC_PY)
-	$(BIN)/python scripts/gen_config_reference.py
-	$(PROTOC_PY) scripts/gen_api_reference.py
-	$(BIN)/python scripts/gen_bad_input_table.py
+	$(BIN)/python -m scripts.gen_config_reference
+	$(PROTOC_PY) -m scripts.gen_api_reference
+	$(BIN)/python -m scripts.gen_bad_input_table
 
 redis-server:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }

@@ -16,7 +16,7 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
-from generated_page import write_or_check
+from scripts.generated_page import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"

@@ -13,10 +13,11 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from google.protobuf.message import Message
 
-from generated_page import write_or_check
+from scripts.generated_page import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "reliability.md"
@@ -102,9 +103,13 @@ def status_name(status: object) -> str:
 
 # -- the tables of the three test modules ---------------------------------------------------------
 
+def test_file(module: ModuleType) -> str:
+    return Path(module.__file__).resolve().relative_to(ROOT).as_posix()
+
+
 def gateway_rows() -> list[Row]:
-    import test_gateway_bad_input as t
-    test = "tests/test_gateway_bad_input.py"
+    from tests.gateway import test_gateway_bad_input as t
+    test = test_file(t)
     rows = [Row("gateway gRPC `Generate`", name, shown(request), status_name(status), says, test)
             for name, (request, status, says) in t.GRPC_CASES.items()]
     rows += [Row("gateway gRPC `Generate`, raw bytes", name, shown(body), status_name(status),
@@ -116,9 +121,9 @@ def gateway_rows() -> list[Row]:
 
 
 def allocator_rows() -> list[Row]:
-    import test_allocator_bad_input as t
     from pagedserve.allocator.v1 import allocator_pb2 as pb
-    test = "tests/test_allocator_bad_input.py"
+    from tests.allocator import test_allocator_bad_input as t
+    test = test_file(t)
 
     def op_status(status: int) -> str:
         return f"OK; op {pb.OpStatus.Name(status).removeprefix('OP_STATUS_')}"
@@ -147,8 +152,8 @@ def allocator_rows() -> list[Row]:
 
 
 def executor_rows() -> list[Row]:
-    import test_executor_bad_input as t
-    test = "tests/test_executor_bad_input.py"
+    from tests.executor import test_executor_bad_input as t
+    test = test_file(t)
     rows = [Row(f"executor `Session` submit, {t.ON_STREAM.split(', ')[1]}", name,
                 shown(request), status_name(status), says, test)
             for name, (request, status, says) in t.SUBMISSIONS.items()]
@@ -160,7 +165,6 @@ def executor_rows() -> list[Row]:
 
 
 def all_rows() -> list[Row]:
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     return gateway_rows() + executor_rows() + allocator_rows()
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from generated_page import write_or_check
+from scripts.generated_page import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "configuration.md"
@@ -94,7 +94,6 @@ def sections(command: str, parser: argparse.ArgumentParser, depth: int = 2,
 def render() -> str:
     for name in [name for name in os.environ if name.startswith("PAGEDSERVE_")]:
         del os.environ[name]
-    sys.path.insert(0, str(ROOT))
     parts = [INTRO]
     for command, module in COMMANDS:
         parser = importlib.import_module(module).build_parser()

@@ -1,8 +1,11 @@
-"""Fixtures that start the real allocator as a subprocess (pagedserve/supervisor/service_process.py).
+"""Fixtures every test folder shares (a root conftest is inherited by tests/<area>/), and the
+skipping of `gpu` tests without CUDA. The helper modules the tests import are in tests/support/;
+tests/README.md says which folder holds what.
 
-`server` (with its `stub` and `admin`) and `auth_server` are shared by the whole session: tests
-on them register executors of their own, named after the test (`new_executor`), so they never
-collide.
+The fixtures start the real allocator as a subprocess (pagedserve/supervisor/service_process.py),
+alone, with extra flags, or journalling to a redis-server of its own. `server` (with its `stub`
+and `admin`) and `auth_server` are shared by the whole session: tests on them register executors
+of their own, named after the test (`new_executor`), so they never collide.
 """
 from __future__ import annotations
 
@@ -19,13 +22,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Before the imports below, so the asserts in the shared helper modules report like test asserts.
-pytest.register_assert_rewrite("core_helpers", "wire_helpers")
+# Before the imports below, so the asserts in the helper modules report like test asserts.
+pytest.register_assert_rewrite("tests.support")
 
-from pagedserve.supervisor.service_process import AllocatorProcess  # noqa: E402
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
 from pagedserve.supervisor.redis_server import RedisProcess  # noqa: E402
-from wire_helpers import TOKEN, Executor, register  # noqa: E402
+from pagedserve.supervisor.service_process import AllocatorProcess  # noqa: E402
+from tests.support.allocator_wire import TOKEN, Executor, register  # noqa: E402
 
 
 @pytest.fixture

@@ -22,17 +22,16 @@ from dataclasses import dataclass
 import grpc
 from tqdm import tqdm
 
+from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.durability.state import AllocatorState
+from allocator_service.durability.state_store import MemoryStore
+from allocator_service.server.allocator_servicer import AllocatorServicer
 from bench.allocator.report import Results, result_rows, section_body, write_plot
 from bench.load.allocator_rpc import (StepClient, allocator_server, connect, local_allocator,
                                       step_request)
-from allocator_service.server.allocator_servicer import AllocatorServicer
-from allocator_service.durability.state import AllocatorState
-from allocator_service.durability.state_store import MemoryStore
-from allocator_service.core.executor_pool import ExecutorPool
 from bench.load.allocator_workload import VOCAB_SIZE, DecodeBatch, ServingMix
 from bench.report import add_output_flags, output_paths, replace_section, text_table
 from pagedserve.allocator.v1 import allocator_pb2 as pb
-
 
 
 @dataclass(slots=True, frozen=True)

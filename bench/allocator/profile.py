@@ -14,15 +14,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.load.allocator_rpc import local_allocator, step_request
 from allocator_service.core.allocator import Allocator
-from allocator_service.server.allocator_servicer import AllocatorServicer
+from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.core.validation import validate_ops
 from allocator_service.durability.state import AllocatorState
 from allocator_service.durability.state_store import MemoryStore
-from allocator_service.core.executor_pool import ExecutorPool
-from pagedserve.protocol.block_ops import AppendOp
-from allocator_service.core.validation import validate_ops
+from allocator_service.server.allocator_servicer import AllocatorServicer
+from bench.load.allocator_rpc import local_allocator, step_request
 from bench.load.allocator_workload import DecodeBatch, ServingMix
+from pagedserve.protocol.block_ops import AppendOp
 
 
 def print_profile(title: str, run: Callable[[], None], top: int = 15) -> None:

@@ -32,7 +32,6 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.report import add_output_flags, output_paths, replace_section, text_grid, text_table
 from bench.durability.config import QUICK, Sizes
 from bench.durability.handler import bench_handlers, profile_durable_handler
 from bench.durability.latency import bench_latency, bench_mix, journaled, start_targets
@@ -40,8 +39,7 @@ from bench.durability.plot import write_plot
 from bench.durability.recovery import bench_recovery
 from bench.durability.report import (Results, latency_grid, recovery_grid, result_rows,
                                      section_body, target_lines)
-
-
+from bench.report import add_output_flags, output_paths, replace_section, text_grid, text_table
 
 # -- the machine: what appendfsync always waits for -------------------------------------------
 

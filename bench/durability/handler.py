@@ -13,18 +13,18 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from bench.load.allocator_rpc import step_request
 from allocator_service.core.allocator import Allocator
-from allocator_service.server.allocator_servicer import AllocatorServicer
-from pagedserve.protocol.block_ops import BlockOp
 from allocator_service.durability.redis_store import RedisStore
 from allocator_service.durability.state import AllocatorState
 from allocator_service.durability.state_store import MemoryStore, StateStore
-from bench.load.allocator_workload import DecodeBatch, ServingMix
+from allocator_service.server.allocator_servicer import AllocatorServicer
 from bench.durability.config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
 from bench.durability.latency import Target, rotated
 from bench.durability.report import Results
+from bench.load.allocator_rpc import step_request
+from bench.load.allocator_workload import DecodeBatch, ServingMix
 from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.protocol.block_ops import BlockOp
 
 # The two workloads of the in-process measurement.
 DECODE = f"decode, {TARGET_BATCH} appends"

@@ -15,13 +15,13 @@ from pathlib import Path
 import grpc
 from tqdm import tqdm
 
-from bench.load.allocator_rpc import StepClient
-from pagedserve.supervisor.service_process import AllocatorProcess
 from allocator_service.durability import redis_codec
-from bench.load.allocator_workload import DecodeBatch, ServingMix
 from bench.durability.config import CONFIGS, LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Config, Sizes
 from bench.durability.report import Results
+from bench.load.allocator_rpc import StepClient
+from bench.load.allocator_workload import DecodeBatch, ServingMix
 from pagedserve.supervisor.redis_server import RedisProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
 
 
 @dataclass(slots=True)

@@ -17,16 +17,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.load.allocator_rpc import StepClient
-from pagedserve.supervisor.service_process import AllocatorProcess
-from allocator_service.durability import redis_codec, snapshot
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.inspection import pool_stats
+from allocator_service.durability import redis_codec, snapshot
 from allocator_service.durability.redis_store import RedisStore
-from bench.load.allocator_workload import ServingMix
 from bench.durability.config import LEASE_TTL, NO_SNAPSHOTS, TARGET_BATCH, Sizes
 from bench.durability.report import RecoveryPoint, Results
+from bench.load.allocator_rpc import StepClient
+from bench.load.allocator_workload import ServingMix
 from pagedserve.supervisor.redis_server import RedisProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
 
 # The allocator's own log lines that mark its start-up (see allocator_service/__main__.py).
 LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "

@@ -30,11 +30,11 @@ import os
 import sys
 from pathlib import Path
 
-from bench.report import add_output_flags, output_paths, replace_section, text_grid, text_table
-from kernels.triton_support import interpreting
 from bench.kernels.config import FULL, QUICK
 from bench.kernels.report import (Results, decode_grid, prefill_grid, rate, result_rows,
                                   section_body, target_lines, write_json)
+from bench.report import add_output_flags, output_paths, replace_section, text_grid, text_table
+from kernels.triton_support import interpreting
 
 NO_GPU_EXIT = 2
 DEFAULT_MAX_KV_GIB = 40.0

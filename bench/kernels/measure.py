@@ -17,11 +17,11 @@ import torch.nn.functional as F
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench.kernels.config import SPARE_BLOCKS, Shapes, tolerance
+from bench.kernels.report import DecodeResult, PrefillResult, Results
 from kernels.kv_cache import KvCacheSpec, allocate_kv_cache, layer_caches
 from kernels.triton.decode_attention import paged_decode_attention_triton
 from kernels.triton.prefill_attention import paged_prefill_attention_triton
-from bench.kernels.config import SPARE_BLOCKS, Shapes, tolerance
-from bench.kernels.report import DecodeResult, PrefillResult, Results
 
 # SDPA's fused backends, each tried alone; the math backend only when none takes the shapes
 # (it materialises the scores and, for GQA, repeats K/V per query head: no fair baseline).

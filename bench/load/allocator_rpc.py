@@ -8,11 +8,11 @@ from contextlib import contextmanager
 import grpc
 
 from allocator_service.core.allocator import Allocator
-from pagedserve.protocol.block_codec import op_to_proto
-from pagedserve.protocol.block_ops import BlockOp
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
+from pagedserve.protocol.block_codec import op_to_proto
+from pagedserve.protocol.block_ops import BlockOp
 from pagedserve.supervisor.service_process import AllocatorProcess
 
 

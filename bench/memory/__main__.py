@@ -22,7 +22,7 @@ Where this departs from its brief, and why: the paged runs' forward pass is a st
 (paged.py), not a tiny random Llama checkpoint. A CPU forward pass over a full
 65,536-slot cache took about 0.1 s per iteration (the paged decode attention reads every cached
 token), so minutes per block size, and the kernels refuse block size 8; the tokens computed
-change nothing in where memory goes, and tests/test_bench_memory.py pins that a real model's
+change nothing in where memory goes, and tests/bench/test_bench_memory.py pins that a real model's
 engine yields the very same samples.
 """
 from __future__ import annotations
@@ -33,16 +33,17 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from bench.memory import report
-from bench.report import (add_output_flags, output_paths, publish, text_grid, text_table,
-                          with_overrides)
 from bench.memory.paged import replay_paged, stand_in_engine
 from bench.memory.plot import write_plot
 from bench.memory.reservation import (max_length_reservation, power_of_two_reservation,
                                       replay_reservations)
 from bench.memory.samples import CONTIGUOUS, POW2, SchemeRun
 from bench.memory.workload import FULL, QUICK, Settings, Workload, draw_workload
-from tqdm import tqdm
+from bench.report import (add_output_flags, output_paths, publish, text_grid, text_table,
+                          with_overrides)
 
 SANITY_FAILED_EXIT = 1
 

@@ -8,7 +8,7 @@ prompts share no prefix), but a CPU forward pass over a 65,536-token cache costs
 iteration, minutes per block size; and the kernels serve block sizes 16 to 256 only, while the
 allocator also takes 8. So `StandInRunner` does what the model runner does to the sequences
 (advances their computed mark, hands back a logits row for each that needs a token) without
-computing anything. tests/test_bench_memory.py replays the --quick workload through an engine
+computing anything. tests/bench/test_bench_memory.py replays the --quick workload through an engine
 built by `build_engine` on a small random Llama checkpoint and pins that every sample is the same.
 
 Sampled from the allocator core's pool, the accounting the admin API's `pool_stats` reports
@@ -29,11 +29,11 @@ import torch
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.inspection import pool_stats
 from allocator_service.local_block_allocator import LocalBlockAllocator
-from executor_service.engine.engine import Engine
-from executor_service.engine.scheduler import SchedulerConfig
-from executor_service.engine.request import Sequence
 from bench.memory.samples import Sample, SchemeRun, paged_name
 from bench.memory.workload import Settings, Workload
+from executor_service.engine.engine import Engine
+from executor_service.engine.request import Sequence
+from executor_service.engine.scheduler import SchedulerConfig
 from pagedserve.protocol.sampling_params import SamplingParams
 
 # The engine should never refuse a request for the number of sequences: only memory limits.

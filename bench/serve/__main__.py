@@ -41,11 +41,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.serve import report
 import torch
-from bench.report import (add_output_flags, output_paths, publish, text_grid, text_table,
+from tqdm import tqdm
+
+from bench.report import (add_output_flags, output_paths, publish, refused, text_grid, text_table,
                           with_overrides)
-from bench.report import refused
+from bench.serve import report
 from bench.serve.engine_load import InProcessLoad
 from bench.serve.gateway_load import GrpcLoad, HttpLoad
 from bench.serve.metrics import Run
@@ -55,8 +56,6 @@ from bench.serve.stack import Stack, cpu_seconds
 from bench.serve.workload import (CPU, GPU, QUICK, GiB, ServeSettings, arrival_times, draw_requests,
                                   parse_rates, rate_label)
 from bench.throughput.workload import Workload, fixed, ordinary_token_ids, warmup_workload
-from tqdm import tqdm
-
 
 NO_GPU_EXIT = 2
 SANITY_FAILED_EXIT = 1

@@ -13,13 +13,13 @@ import collections
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from bench.serve.metrics import RequestTrace
 from bench.serve.workload import ServeSettings
 from bench.throughput.workload import Workload
-from tqdm import tqdm
-
 from executor_service.engine.build import EngineOptions, build_engine
-from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.engine import Engine
 from pagedserve.protocol.sampling_params import SamplingParams
 

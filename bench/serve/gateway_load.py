@@ -19,10 +19,10 @@ import time
 
 import grpc
 import httpx
-from bench.serve.metrics import RequestTrace
-from bench.throughput.workload import Workload
 from tqdm import tqdm
 
+from bench.serve.metrics import RequestTrace
+from bench.throughput.workload import Workload
 from pagedserve.common.server import MAX_MESSAGE_BYTES
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.throughput.workload import write_gpu_stand_in
-
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 
 

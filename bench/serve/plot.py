@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import report
+from bench.plot import pyplot, save_figure
 from bench.serve.metrics import summary_ms
 from bench.serve.report import CONTENDERS, ENGINE, GRPC, HTTP, LABELS, Results
 from bench.serve.workload import rate_label
-from bench.plot import pyplot, save_figure
 
 COLORS = {ENGINE: "#4c72b0", GRPC: "#dd8452", HTTP: "#55a868"}
 WIDTH = 0.26

@@ -14,7 +14,6 @@ import shlex
 from pathlib import Path
 
 from bench.serve.workload import ServeSettings
-
 from pagedserve.cli import up
 from pagedserve.cli.child_service import ChildService
 

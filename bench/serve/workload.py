@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 
 from bench.throughput.workload import (CHAT_PROMPTS, SEED, LogNormalLengths, UniformLengths,
-                                        Workload, draw_workload, fixed)
+                                       Workload, draw_workload, fixed)
 
 MiB = 1024 ** 2
 GiB = 1024 ** 3

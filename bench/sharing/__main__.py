@@ -36,17 +36,17 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from bench.sharing import report
 import torch
+from tqdm import tqdm
+
+from allocator_service.local_block_allocator import LocalBlockAllocator
 from bench.report import add_output_flags, output_paths, publish, text_grid, text_table
+from bench.sharing import report
 from bench.sharing.plot import write_plot
 from bench.sharing.run import run_case
 from bench.sharing.workload import FULL, QUICK, Settings, Submission, draw_cases
 from bench.throughput.workload import ordinary_token_ids, warmup_workload
-from tqdm import tqdm
-
 from executor_service.engine.build import EngineOptions, build_engine
-from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.engine import Engine
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 from pagedserve.protocol.sampling_params import SamplingParams

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import report
+from bench.plot import pyplot, save_figure
 from bench.sharing.report import PAPER_PARALLEL_RANGE, Results
 from bench.sharing.workload import PARALLEL, SYSTEM
-from bench.plot import pyplot, save_figure
 
 UNSHARED_COLOR, SHARED_COLOR = "#dd8452", "#4c72b0"
 

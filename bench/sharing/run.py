@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from bench.sharing.workload import Submission
 from tqdm import tqdm
 
+from bench.sharing.workload import Submission
 from executor_service.engine.engine import Engine
 
 

@@ -25,9 +25,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from bench.throughput.workload import CHAT_PROMPTS, SEED, LogNormalLengths, random_prompt
-
 from allocator_service.core.executor_pool import blocks_for
+from bench.throughput.workload import CHAT_PROMPTS, SEED, LogNormalLengths, random_prompt
 from executor_service.engine.sampler import child_seed
 from pagedserve.protocol.sampling_params import SamplingParams
 

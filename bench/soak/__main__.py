@@ -33,7 +33,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.load.impatient_clients import (Answer, ImpatientClients, Plan, Result, draw_plans,
-                                           wrong_answer)
+                                          wrong_answer)
 from bench.load.stack_leftovers import drained, gateway_outcomes
 from bench.report import ROOT, add_output_flags, command_line, output_paths
 from bench.soak.memory import RssSampler, growth, sample_interval
@@ -75,8 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def engine_answers(model_dir: Path) -> list[list[int]]:
     """Each prompt's greedy tokens from the in-process engine: the reference."""
-    from executor_service.engine.build import EngineOptions, build_engine
     from allocator_service.local_block_allocator import LocalBlockAllocator
+    from executor_service.engine.build import EngineOptions, build_engine
     from executor_service.engine.offline import generate
     from pagedserve.protocol.sampling_params import SamplingParams
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.soak.memory import EARLY, LATE, MemorySamples
 from bench.plot import pyplot, save_figure
+from bench.soak.memory import EARLY, LATE, MemorySamples
 
 COLORS = {"allocator": "#4c72b0", "executor": "#dd8452", "gateway": "#55a868", "redis": "#c44e52"}
 

@@ -13,10 +13,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.report import (Row, image_link, machine_description, markdown_grid, markdown_table,
-                           text_grid, text_table, today)
 from bench.load.impatient_clients import OUTCOMES, Result
-from bench.soak.memory import MAX_GROWTH, MIN_JUDGED_S, EARLY, LATE, Growth, MemorySamples
+from bench.report import (Row, image_link, machine_description, markdown_grid, markdown_table,
+                          text_grid, text_table, today)
+from bench.soak.memory import EARLY, LATE, MAX_GROWTH, MIN_JUDGED_S, Growth, MemorySamples
 from bench.soak.stack import EVENTS_MAX, NUM_BLOCKS
 
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"

@@ -13,8 +13,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from pagedserve.supervisor.redis_server import RedisProcess
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 
 # Every cache in the stack is bounded, but at their default sizes the soak's traffic takes
 # longer than the run to fill some of them, and a cache still filling looks like a leak to

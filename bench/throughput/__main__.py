@@ -29,19 +29,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.throughput import report
 import torch
-from bench.report import (add_output_flags, output_paths, publish, text_grid, text_table,
+from tqdm import tqdm
+
+from bench.report import (add_output_flags, output_paths, publish, refused, text_grid, text_table,
                           with_overrides)
-from bench.report import refused
+from bench.throughput import report
 from bench.throughput.contenders import (CONTINUOUS, OURS, STATIC, build_ours, cache_tokens,
                                          continuous_config, load_transformers, run_continuous,
                                          run_ours, run_static)
 from bench.throughput.plot import write_plot
 from bench.throughput.workload import (CPU, GPU, QUICK, GiB, Settings, draw_workload, fixed,
                                        ordinary_token_ids, warmup_workload, write_gpu_stand_in)
-from tqdm import tqdm
-
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 
 NO_GPU_EXIT = 2

@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from bench.throughput.workload import Settings, Workload
 from tqdm import tqdm
 
-from executor_service.engine.build import EngineOptions, build_engine
 from allocator_service.local_block_allocator import LocalBlockAllocator
+from bench.throughput.workload import Settings, Workload
+from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.engine import Engine
 from executor_service.engine.offline import generate
 from pagedserve.protocol.sampling_params import SamplingParams

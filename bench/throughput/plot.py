@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import report
+from bench.plot import pyplot, save_figure
 from bench.throughput.contenders import CONTINUOUS, OURS, STATIC
 from bench.throughput.report import Results
-from bench.plot import pyplot, save_figure
 
 COLORS = {OURS: "#4c72b0", STATIC: "#dd8452", CONTINUOUS: "#55a868"}
 SHORT_LABELS = {OURS: "pagedserve\nengine", STATIC: "transformers\nstatic generate",

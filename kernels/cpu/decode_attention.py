@@ -8,7 +8,7 @@ ones, so most of the padded work would be padding. So the rows are sorted by con
 cut into buckets whose padding stays under BUCKET_SLACK of their real blocks; each bucket gathers
 its blocks in one indexing op and attends with two batched matmuls.
 
-Results equal the reference's up to fp32 summation order (tests/test_kernel_decode_attention.py).
+Results equal the reference's up to fp32 summation order (tests/kernels/test_kernel_decode_attention.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ block, then torch's fused scaled_dot_product_attention, which on the CPU skips t
 mask hides instead of computing and discarding them (about 1.4x faster than the reference's
 matmul-mask-softmax on a 300-token prompt, where prompts spend most of their attention time).
 
-Results equal the reference's up to fp32 summation order (tests/test_kernel_prefill_attention.py).
+Results equal the reference's up to fp32 summation order (tests/kernels/test_kernel_prefill_attention.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,133 @@
+"""Executor registration (validation, epochs, stale and unknown executors) and leases."""
+from __future__ import annotations
+
+import pytest
+
+from allocator_service.core.allocator import Allocator
+from allocator_service.core.errors import StaleEpoch, UnknownExecutor
+from pagedserve.common.errors import InvalidArgument
+from pagedserve.protocol.block_ops import AllocateOp, FreeOp
+from pagedserve.protocol.limits import Limits
+from tests.support.allocator_core import A9, BLOCK_SIZE, NUM_BLOCKS, free_ids, registered
+
+
+class FakeClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- registration ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("executor_id, address, num_blocks, block_size", [
+    ("e", "h", 0, 4),
+    ("e", "h", -1, 4),
+    ("e", "h", 17, 4),
+    ("e", "h", 11, 0),
+    ("e", "h", 11, 4097),
+    ("", "h", 11, 4),
+    ("x" * 257, "h", 11, 4),
+    ("e", "a" * 257, 11, 4),
+], ids=["no_blocks", "negative_blocks", "blocks_over_limit", "block_size_0",
+        "block_size_over_limit", "empty_executor_id", "long_executor_id", "long_address"])
+def test_invalid_registration_raises_invalid_argument(executor_id, address, num_blocks,
+                                                      block_size):
+    allocator = Allocator(limits=Limits(max_num_blocks=16))
+    with pytest.raises(InvalidArgument):
+        allocator.register_executor(executor_id, address, num_blocks, block_size, "m")
+    assert allocator.executors == {}
+    # A refused registration consumes no epoch; the limit itself is accepted.
+    assert allocator.register_executor("e", "h", 16, 4096, "m").epoch == 1
+
+
+def test_reregistration_gives_larger_epoch_and_empty_pool():
+    allocator, _ = registered()
+    allocator.step("e", 1, 1, [AllocateOp("a", tuple(range(6)))])
+    assert allocator.register_executor("f", "h", 3, 2, "m").epoch == 2
+
+    second = allocator.register_executor("e", "host:2", 5, 2, "m2")
+    assert second.epoch == 3
+    assert allocator.executors["e"] is second
+    assert second.pool.sequences == {}
+    assert (second.pool.num_blocks, second.pool.block_size) == (5, 2)
+    assert free_ids(second.pool) == [0, 1, 2, 3, 4]
+    assert second.last_step_id == 0
+    # Step ids start over with the new epoch.
+    assert allocator.step("e", 3, 1, [AllocateOp("a", (1,))]).replayed is False
+
+
+def test_stale_epoch_raises():
+    allocator, _ = registered()
+    allocator.register_executor("e", "h", NUM_BLOCKS, BLOCK_SIZE, "m")
+    with pytest.raises(StaleEpoch, match="sent epoch 1 but its pool is at epoch 2"):
+        allocator.step("e", 1, 1, [AllocateOp("a", (1,))])
+    with pytest.raises(StaleEpoch):
+        allocator.heartbeat("e", 1)
+    assert allocator.executors["e"].pool.sequences == {}
+
+
+def test_unknown_executor_raises():
+    allocator, _ = registered()
+    with pytest.raises(UnknownExecutor):
+        allocator.step("ghost", 1, 1, [])
+    with pytest.raises(UnknownExecutor):
+        allocator.heartbeat("ghost", 1)
+    with pytest.raises(UnknownExecutor):
+        allocator.reset_prefix_cache("ghost")
+
+
+# -- leases ---------------------------------------------------------------------------------------
+
+def test_lease_expiry_reclaims_pool_whole():
+    clock = FakeClock(100.0)
+    allocator = Allocator(lease_ttl_s=10.0, clock=clock)
+    executor = allocator.register_executor("e", "h", NUM_BLOCKS, BLOCK_SIZE, "m")
+    allocator.step("e", 1, 1, [AllocateOp("a", tuple(A9))])
+
+    clock.now = 109.0
+    assert allocator.expire_leases() == []
+    assert allocator.lease_remaining(executor) == 1.0
+    clock.now = 110.0
+    assert allocator.expire_leases() == ["e"]
+    assert allocator.executors == {}
+    assert allocator.match_prefix(A9, "") == []
+    with pytest.raises(UnknownExecutor):
+        allocator.step("e", 1, 2, [FreeOp("a")])
+
+    again = allocator.register_executor("e", "h", NUM_BLOCKS, BLOCK_SIZE, "m")
+    assert again.epoch == 2
+    assert free_ids(again.pool) == list(range(11))
+
+
+def test_heartbeat_renews_lease():
+    clock = FakeClock(100.0)
+    allocator = Allocator(lease_ttl_s=10.0, clock=clock)
+    e = allocator.register_executor("e", "h", NUM_BLOCKS, BLOCK_SIZE, "m")
+    allocator.register_executor("f", "h", NUM_BLOCKS, BLOCK_SIZE, "m")
+    clock.now = 109.0
+    allocator.heartbeat("e", 1, num_waiting=3, num_running=-2)
+    assert (e.num_waiting, e.num_running) == (3, 0)
+    clock.now = 110.0
+    assert allocator.expire_leases() == ["f"]
+    assert allocator.lease_remaining(e) == 9.0
+    clock.now = 119.0
+    assert allocator.expire_leases() == ["e"]
+
+
+def test_step_renews_lease():
+    clock = FakeClock(100.0)
+    allocator = Allocator(lease_ttl_s=10.0, clock=clock)
+    e = allocator.register_executor("e", "h", NUM_BLOCKS, BLOCK_SIZE, "m")
+    clock.now = 105.0
+    allocator.step("e", 1, 1, [])
+    clock.now = 114.0
+    assert allocator.expire_leases() == []
+    assert allocator.lease_remaining(e) == 1.0
+    # A replayed step is a sign of life too.
+    allocator.step("e", 1, 1, [])
+    clock.now = 123.0
+    assert allocator.expire_leases() == []
+    clock.now = 124.0
+    assert allocator.expire_leases() == ["e"]
