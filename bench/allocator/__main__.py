@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import grpc
 from tqdm import tqdm
 
-from bench.allocator.report import Results, result_rows, section_body, write_plot
+from bench.allocator.plot import write_plot
+from bench.allocator.report import Results, result_rows, section_body
 from bench.load.allocator_rpc import (StepClient, allocator_server, connect, local_allocator,
                                       step_request)
 from allocator_service.allocator_servicer import AllocatorServicer
