@@ -15,6 +15,7 @@ import platform
 import re
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,21 @@ def markdown_grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
              "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def list_item(line: str) -> str:
+    """A markdown list item, wrapped at 100 columns: how a section states a setting or a
+    per-run figure (what it means is in the hand-written method section)."""
+    return textwrap.fill(line, 100, initial_indent="- ", subsequent_indent="  ",
+                         break_on_hyphens=False)
+
+
+def method_link(name: str) -> str:
+    """The line that points a generated section to its hand-written `## <name>: how it is
+    measured` section on the same page."""
+    heading = f"{name}: how it is measured"
+    anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+    return f"Method and reading: [{heading}](#{anchor})."
 
 
 def replace_section(page: Path, heading: str, body: str) -> None:

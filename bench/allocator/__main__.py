@@ -26,7 +26,8 @@ from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.durability.state import AllocatorState
 from allocator_service.durability.state_store import MemoryStore
 from allocator_service.server.allocator_servicer import AllocatorServicer
-from bench.allocator.report import Results, result_rows, section_body, write_plot
+from bench.allocator.plot import write_plot
+from bench.allocator.report import Results, result_rows, section_body
 from bench.load.allocator_rpc import (StepClient, allocator_server, connect, local_allocator,
                                       step_request)
 from bench.load.allocator_workload import VOCAB_SIZE, DecodeBatch, ServingMix

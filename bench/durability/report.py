@@ -1,5 +1,7 @@
 """What the durability benchmark records and reports: the results, the tables (terminal and
-markdown), and its `## Durability` section of docs/benchmarks.md. The plot is plot.py.
+markdown), and its `## Durability` section of docs/benchmarks.md. The plot is plot.py; how the
+benchmark measures and how to read it is written once, by hand, in docs/benchmarks.md
+(`## Durability: how it is measured`).
 
 Every latency comparison is a ratio to the memory allocator measured in the same run.
 """
@@ -175,7 +177,28 @@ def target_lines(r: Results) -> list[str]:
             for c in DURABLE if TARGET_BATCH in r.latency]
 
 
-def findings(r: Results) -> str:
+def settings_lines(r: Results, sizes: Sizes) -> list[str]:
+    """The run's settings, one list item each; what they mean is in the method section."""
+    would_take = r.commands_journaled // DEFAULT_SNAPSHOT_EVERY
+    lines = [
+        f"Snapshots off (`--snapshot-every {NO_SNAPSHOTS}`): each durable allocator journaled "
+        f"{r.commands_journaled:,} commands, so at the default `--snapshot-every "
+        f"{DEFAULT_SNAPSHOT_EVERY}` {would_take} of its Steps would have captured a snapshot."
+        + (f" One was taken anyway, at command {r.snapshot_during:,}: it is in these numbers."
+           if r.snapshot_during else ""),
+        f"Latency: {sizes.latency_steps} timed steps per size, each size on a pool of its own of "
+        f"{r.num_blocks:,} blocks × {r.block_size}; in-process: {sizes.handler_steps} timed "
+        "steps of each workload.",
+        f"Recovery: restarts per point {sizes.restarts} (median); the snapshot is of a pool in "
+        f"this state: {r.pool_state}."
+        + (f" The last point, the snapshot plus {sizes.snapshot_tail_steps:,} steps, is about "
+           "the longest replay the default `--snapshot-every` leaves."
+           if sizes.snapshot_tail_steps == DEFAULT_SNAPSHOT_EVERY else ""),
+    ]
+    return lines
+
+
+def figure_lines(r: Results) -> list[str]:
     """The default --snapshot-every's trade-off, in this run's numbers: replay time on restart
     against a stalled Step every interval."""
     longest, snap, tail = recovery_points(r)
@@ -184,21 +207,23 @@ def findings(r: Results) -> str:
     # Process start-up is paid by every restart; what is left is replay, per journal entry.
     per_entry_ms = (serving_s(longest) - baseline) / longest.journal_entries * 1e3
     if tail.journal_entries >= every:
-        restart = (f"{serving_s(tail):.1f} s measured with the snapshot above plus "
+        restart = (f"{serving_s(tail):.1f} s measured with the snapshot plus "
                    f"{tail.journal_entries:,} entries")
     else:
         restart = f"about {serving_s(snap) + every * per_entry_ms / 1e3:.1f} s (estimated)"
-    return (f"Replaying the journal costs about {per_entry_ms:.2f} ms per serving-mix step on "
-            f"this machine (it runs each Step again), so the default `--snapshot-every "
-            f"{every}` keeps a restart to about {restart}, where {longest.journal_entries:,} "
-            f"entries without a snapshot took {serving_s(longest):.1f} s. In exchange every "
-            f"{every:,}th Step pays for capturing the state under the lock "
-            f"({r.snapshot_capture_s * 1e3:.0f} ms here, for a pool of "
-            f"{r.pool_state.split(':')[0]} and {r.snapshot_json_bytes / 1024**2:.1f} MiB of "
-            f"JSON; the Step that triggered it took {r.snapshot_step_s * 1e3:.0f} ms against a "
-            f"mix Step p50 of {ms(r.recovery_step_s, 50):.1f} ms), about "
-            f"{r.snapshot_capture_s / every * 1e6:.0f} µs per Step on average, and a thread then "
-            f"encodes and writes {r.snapshot_bytes / 1024**2:.1f} MiB while Steps go on.")
+    return [
+        f"Journal replay: about {per_entry_ms:.2f} ms per serving-mix step.",
+        f"Restart with the default `--snapshot-every {every}`: {restart}; "
+        f"{longest.journal_entries:,} entries without a snapshot took "
+        f"{serving_s(longest):.1f} s.",
+        f"Snapshot capture under the lock: {r.snapshot_capture_s * 1e3:.0f} ms every "
+        f"{every:,}th Step (a pool of {r.pool_state.split(':')[0]}, "
+        f"{r.snapshot_json_bytes / 1024**2:.1f} MiB of JSON; the Step that triggered it took "
+        f"{r.snapshot_step_s * 1e3:.0f} ms against a mix Step p50 of "
+        f"{ms(r.recovery_step_s, 50):.1f} ms), about {r.snapshot_capture_s / every * 1e6:.0f} µs "
+        f"per Step on average; the thread then encodes and writes "
+        f"{r.snapshot_bytes / 1024**2:.1f} MiB.",
+    ]
 
 
 def section_body(r: Results, sizes: Sizes, png: Path | None, md: Path) -> str:
@@ -206,50 +231,15 @@ def section_body(r: Results, sizes: Sizes, png: Path | None, md: Path) -> str:
                f"loopback; Redis {r.redis_version} with its append-only file on {r.disk} (a "
                f"small fdatasync there takes {r.fsync_p50_ms:.2f} ms, median) and RDB off; "
                f"1-minute load average {r.load_at_start:.2f} when the run started.")
-    would_take = r.commands_journaled // DEFAULT_SNAPSHOT_EVERY
-    method = (
-        "Three `python -m allocator_service` processes run side by side: in memory (no "
-        "`--state-url`), and two that journal every change to a redis-server of their own in "
-        "one MULTI/EXEC before replying, one with `appendfsync everysec` (Redis fsyncs once a "
-        "second: a power loss may cost the last second) and one with `appendfsync always` "
-        "(fsync before Redis replies: nothing acknowledged is lost). Their snapshots are off "
-        f"(`--snapshot-every {NO_SNAPSHOTS}`, and likewise for the in-process stores below): "
-        f"each durable allocator journaled {r.commands_journaled:,} commands here, so at the "
-        f"default `--snapshot-every {DEFAULT_SNAPSHOT_EVERY}` {would_take} of its Steps would "
-        "have captured a snapshot, a stall measured on its own below, which would land in the "
-        "p99 of whichever batch size it fell in. "
-        + (f"(One was taken anyway, at command {r.snapshot_during:,}: it is in these numbers.) "
-           if r.snapshot_during else "") +
-        "Each gets the same requests, "
-        "one Step per allocator in turn, the order rotating every step, so noise hits all "
-        "three alike. Latency: decode steps of N sequences appending one token each "
-        f"({sizes.latency_steps} timed steps per size, each size on a pool of its own of "
-        f"{r.num_blocks:,} blocks × {r.block_size}), client-side time of the `Step` call. "
-        "The sequences start equally long, so every 16th step fills a block in each of them "
-        "at once: N KV events, one XADD each, in that step's MULTI, which shows in p99. "
-        "In-process: `AllocatorServicer.Step` called directly on `MemoryStore` and on "
-        "`RedisStore` (same Redis servers, another database), the same ops to each in turn, "
-        f"{sizes.handler_steps} timed steps of each workload, with the store's commit timed "
-        "inside it. Throughput: the scheduler-shaped serving mix of the allocator benchmark "
-        "(up to 256 running sequences), block ops per second of time in the `Step` call. "
-        "Recovery, on a fourth Redis (everysec): one allocator journals the serving mix with "
-        "snapshots off, is killed with SIGKILL at each point and restarted on the same Redis "
-        f"({sizes.restarts} times; median), then takes its next step on the same pool (same "
-        "epoch, step ids go on). Time to SERVING runs from spawning the process to its "
-        "`serving` log line; the load column is `RedisStore.load` of the same data in the "
-        "benchmark process. The snapshot is taken by the first Step of an allocator restarted "
-        f"with a small `--snapshot-every`, of a pool in this state: {r.pool_state}."
-        + (f" The last point, the snapshot plus {sizes.snapshot_tail_steps:,} steps, is about "
-           f"the longest replay the default `--snapshot-every` leaves."
-           if sizes.snapshot_tail_steps == DEFAULT_SNAPSHOT_EVERY else ""))
     lat_header, lat_rows = latency_grid(r)
     rec_header, rec_rows = recovery_grid(r)
     lines = [
         textwrap.fill(machine, 100), "",
         f"Command: `{report.command_line()}`", "",
-        textwrap.fill(method, 100), "",
+        report.method_link("Durability"), "",
+        *(report.list_item(line) for line in settings_lines(r, sizes)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
-        *([textwrap.fill(findings(r), 100), ""] if r.recovery else []),
+        *([*(report.list_item(line) for line in figure_lines(r)), ""] if r.recovery else []),
         report.markdown_grid(lat_header, lat_rows), "",
         report.markdown_table(result_rows(r)), "",
         "Recovery after `kill -9`:", "",

@@ -1,6 +1,7 @@
 """What the kernels benchmark records and reports: one result per timed combination, the tables
 (terminal and markdown), the target rows, the raw JSON, and its `## Kernels` section of
-docs/benchmarks.md. The plot is plot.py; the measuring, measure.py."""
+docs/benchmarks.md. The plot is plot.py; the measuring, measure.py; how it measures and how to read
+it is written once, by hand, in docs/benchmarks.md (`## Kernels: how it is measured`)."""
 from __future__ import annotations
 
 import json
@@ -168,33 +169,18 @@ def target_lines(r: Results) -> list[str]:
             f"{'met' if row.met else 'NOT met'}" for row in target_rows(r)]
 
 
-def method(r: Results) -> str:
+def settings_lines(r: Results) -> list[str]:
+    """The run's settings, one list item each; what they mean is in the method section."""
     s = r.shapes
-    return (
-        f"{s.label}: {s.num_q_heads} query heads, {s.num_kv_heads} kv heads, "
-        f"head dim {s.head_dim}, {r.dtype}. The copy bandwidth is the median time of "
-        f"`dst.copy_(src)` of {gib(s.copy_bytes)}, counting the bytes read and written. Decode: "
-        "every sequence of a batch holds the same context; K/V are random, laid out once "
-        "contiguously (`[batch, kv heads, context, head dim]`) for "
-        "`scaled_dot_product_attention(..., enable_gqa=True)` with a one-token query (timed on "
-        "each fused backend that takes the shapes, cuDNN, flash and memory-efficient, alone; "
-        "the fastest counts and is named in the tables), and copied "
-        "into a one-layer paged cache whose block tables are a random permutation of the block "
-        "ids, so the paged kernel really gathers. SDPA is timed once per (context, batch) and "
-        "every block size is compared with it. Achieved bandwidth counts the K/V bytes read "
-        "plus the queries read and outputs written, over the paged kernel's time (block tables "
-        "not counted); the paged call gets `max_context_len` and a preallocated output, so it "
-        "never waits on the device. Prefill: fresh prompts (nothing cached), the paged kernel "
-        "against SDPA with `is_causal=True` on the same data; TFLOP/s counts 2·2·batch·heads·"
-        "prompt²/2·head dim. "
-        + ("Every time is the median of `triton.testing.do_bench_cudagraph`: the calls are "
-           "replayed from a CUDA graph, so Python's launch overhead is out of both contenders' "
-           "times (`do_bench`, L2 flushed before each call, for a call that cannot be "
-           "captured). " if not r.interpreted else "Times are single wall-clock calls. ") +
-        "Before timing, every paged output is checked against "
-        "SDPA's (the largest difference is in the tables); combinations whose K+V exceed "
-        f"`--max-kv-gib {r.max_kv_gib:.3g}` are skipped (a combination holds about 2.5 times its "
-        "K+V: the paged and the contiguous copy, and the copy between).")
+    timing = ("the median of `triton.testing.do_bench_cudagraph` (`do_bench` for a call that "
+              "cannot be captured)" if not r.interpreted else "single wall-clock calls")
+    return [
+        f"Shapes ({s.label}): {s.num_q_heads} query heads, {s.num_kv_heads} kv heads, head "
+        f"dim {s.head_dim}, {r.dtype}.",
+        f"Copy bandwidth: `dst.copy_(src)` of {gib(s.copy_bytes)}.",
+        f"Times: {timing}.",
+        f"Skipped: combinations whose K+V exceed `--max-kv-gib {r.max_kv_gib:.3g}`.",
+    ]
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
@@ -209,7 +195,8 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
     lines = [
         textwrap.fill(machine, 100), "",
         f"Command: `{report.command_line()}`", "",
-        textwrap.fill(method(r), 100), "",
+        report.method_link("Kernels"), "",
+        *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         report.markdown_table(result_rows(r)), "",
         f"Decode at batch {s.target_batch} × {s.target_context:,} context, every block size:", "",

@@ -1,6 +1,7 @@
 """What the memory benchmark reports: the rows with their targets, the per-scheme grid (terminal
 and markdown), the raw JSON and its `## Memory` section of docs/benchmarks.md. The plot is
-plot.py."""
+plot.py; how the benchmark measures is written once, by hand, in docs/benchmarks.md (`## Memory:
+how it is measured`)."""
 from __future__ import annotations
 
 import json
@@ -118,44 +119,21 @@ def target_lines(r: Results) -> list[str]:
             f"{'met' if row.met else 'NOT met'}" for row in target_rows(r)]
 
 
-def workload_text(r: Results) -> str:
+def settings_lines(r: Results) -> list[str]:
+    """The run's settings, one list item each; what they mean is in the method section."""
     s, w = r.settings, r.workload
-    return (f"{s.num_requests} requests, all waiting at t = 0 (a saturated server), lengths "
-            "drawn like ShareGPT's (the vLLM paper, Kwon et al., SOSP 2023, §6.1 and Fig. 11, "
-            "reports averages of about 161 prompt and 338 output tokens; "
-            "bench/memory/workload.py says how the distributions were chosen). Prompt lengths "
-            f"{s.prompt_lens.describe()} (drawn: {report.drawn_lengths(w.prompt_lens)}; "
-            f"{sum(w.prompt_lens):,} tokens); output lengths {s.output_lens.describe()} "
-            f"(drawn: {report.drawn_lengths(w.output_lens)}; {sum(w.output_lens):,} tokens), "
-            "end-of-sequence ignored. Prompts are random token ids, so no two share a prefix; "
-            "one completion per request.")
-
-
-def method_text(r: Results) -> str:
-    s = r.settings
     example = s.budget_slots * EXAMPLE_BYTES_PER_TOKEN / 1024 ** 3
-    return (
-        f"Every scheme gets the same KV budget: {s.budget_slots:,} token slots (for "
-        f"Llama-3-8B's shape in bfloat16, 128 KiB per token, that is {example:g} GiB). "
-        f"Contiguous max-length reservation gives each request {s.max_model_len:,} slots, the "
-        "maximum model length (the vLLM paper's Orca Max); power-of-two reservation gives it "
-        "the next power of two at or above its prompt + output length, as if the final length "
-        "were known to within 2× (Orca Pow2). Both are simulated with the engine's iteration "
-        f"structure (bench/memory/reservation.py: {s.max_batched_tokens} tokens per iteration, "
-        "chunked prefill, oldest first, admitted while the reservation fits; never preempted). "
-        "pagedserve is its real engine and allocator core in-process (`Engine`, `Scheduler`, "
-        f"`LocalBlockAllocator`; {s.lookahead_slots} lookahead slots, "
-        f"{s.max_batched_tokens} tokens per iteration, no limit on sequences), one pool of "
-        f"{s.budget_slots:,} slots per block size, whose forward pass is a stand-in that "
-        "computes nothing (where memory goes does not depend on the tokens computed; a test "
-        "pins that a real model gives the same samples; bench/memory/paged.py). After every "
-        "iteration the cache is sampled: sequences holding KV memory, the tokens they hold "
-        "(each prompt whole from admission, then each token whose K/V was written) and the "
-        "slots allocated to them (paged: blocks in use × block size, as `pool_stats` counts "
-        "them, cached-free blocks excluded). Shares are summed over the iterations after "
-        "which requests were still waiting (the saturated period; the whole run, drain "
-        "included, is the last two columns); KV budget holding tokens divides by the whole "
-        "budget instead of what was allocated.")
+    return [
+        f"{s.num_requests} requests, all waiting at t = 0, one completion each.",
+        f"Prompt lengths {s.prompt_lens.describe()} (drawn: "
+        f"{report.drawn_lengths(w.prompt_lens)}; {sum(w.prompt_lens):,} tokens); output lengths "
+        f"{s.output_lens.describe()} (drawn: {report.drawn_lengths(w.output_lens)}; "
+        f"{sum(w.output_lens):,} tokens).",
+        f"KV budget of every scheme: {s.budget_slots:,} token slots ({example:g} GiB at "
+        "Llama-3-8B's shape in bfloat16, 128 KiB per token); contiguous max-length reservation: "
+        f"{s.max_model_len:,} slots per request; {s.max_batched_tokens} tokens per iteration; "
+        f"pagedserve: {s.lookahead_slots} lookahead slots.",
+    ]
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
@@ -163,8 +141,8 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
     lines = [
         textwrap.fill(machine, 100), "",
         f"Command: `{report.command_line()}`", "",
-        textwrap.fill(workload_text(r), 100), "",
-        textwrap.fill(method_text(r), 100), "",
+        report.method_link("Memory"), "",
+        *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         report.markdown_table(result_rows(r)), "",
         report.markdown_grid(*scheme_grid(r)),

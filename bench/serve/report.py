@@ -1,17 +1,17 @@
 """What the serving benchmark reports: every run of every contender at every rate, the rows with
 the target and the sanity checks, the grids (throughput, latency, CPU), the raw JSON and its
-`## Serving` section of docs/benchmarks.md. The plot is plot.py; the wording of the method
-is method.py."""
+`## Serving` section of docs/benchmarks.md. The plot is plot.py; how the benchmark measures is
+written once, by hand, in docs/benchmarks.md (`## Serving: how it is measured`)."""
 from __future__ import annotations
 
 import json
 import math
+import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import report
-from bench.serve.method import method_text, workload_text
 from bench.serve.metrics import Run, align_http, summary_ms
 from bench.serve.workload import ServeSettings, rate_label
 from bench.throughput.workload import Workload
@@ -199,15 +199,44 @@ def target_lines(r: Results) -> list[str]:
     return lines
 
 
+def rates_text(settings: ServeSettings) -> str:
+    finite = [rate_label(rate) for rate in settings.request_rates if not math.isinf(rate)]
+    parts = []
+    if any(math.isinf(rate) for rate in settings.request_rates):
+        parts.append("∞ (all at once)")
+    if finite:
+        parts.append(f"Poisson arrivals at {' and '.join(finite)} requests/s")
+    return ", and ".join(parts)
+
+
+def settings_lines(r: Results) -> list[str]:
+    """The run's settings, one list item each; what they mean is in the method section."""
+    s, w = r.settings, r.workload
+    lengths = sorted(len(prompt) for prompt in w.prompts)
+    rounds = {1: "once", 2: "twice"}.get(s.rounds, f"{s.rounds} times")
+    return [
+        f"Model `{r.model}`, {s.dtype}, on {r.device}; both engines: block size 16, a KV cache "
+        f"of {s.kv_cache_bytes // 2**20:,} MiB, {s.max_batched_tokens} tokens per iteration at "
+        f"most, {s.max_num_seqs} sequences at most; the load generator on the same "
+        f"{os.cpu_count()} cores as the stack.",
+        f"{len(w.prompts)} requests at each request rate: {rates_text(s)}, at most "
+        f"{s.max_concurrency} open at a time.",
+        f"Prompt lengths {s.prompt_lens.describe()} (drawn: {report.drawn_lengths(lengths)}; "
+        f"{w.num_prompt_tokens:,} prompt tokens); output {s.output_lens.describe()} tokens per "
+        f"request ({w.num_output_tokens:,} in all).",
+        f"Every contender serves rate {rate_label(s.headline_rate)} {rounds}, the run with the "
+        "most output tokens/s counting, and every other rate once.",
+    ]
+
+
 def section_body(r: Results, png: Path | None, md: Path) -> str:
     machine = (f"Measured {report.today()} on {report.machine_description()}"
                + ("" if r.device == "cpu" else f", {r.device}") + ".")
     lines = [
         textwrap.fill(machine, 100), "",
         f"Command: `{report.command_line()}`", "",
-        textwrap.fill(workload_text(r.settings, r.workload), 100), "",
-        *(textwrap.fill(paragraph, 100) + "\n" for paragraph in method_text(r.settings, r.model,
-                                                                              r.device)),
+        report.method_link("Serving"), "",
+        *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         report.markdown_table(result_rows(r)), "",
         report.markdown_grid(*throughput_grid(r)), "",

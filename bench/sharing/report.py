@@ -20,7 +20,6 @@ from bench.sharing.workload import BLOCK_SIZE, PARALLEL, SYSTEM, Case, Settings
 PAPER_PARALLEL_RANGE = (0.061, 0.305)
 # Outputs this many times ours, for the "what longer outputs would give" figure.
 LONGER_OUTPUTS = 5
-METHOD = "[Sharing: how it is measured](#sharing-how-it-is-measured)"
 
 
 @dataclass(slots=True)
@@ -210,22 +209,16 @@ def figure_lines(r: Results) -> list[str]:
     return lines
 
 
-def item(line: str) -> str:
-    """A markdown list item, wrapped at 100 columns."""
-    return textwrap.fill(line, 100, initial_indent="- ", subsequent_indent="  ",
-                         break_on_hyphens=False)
-
-
 def section_body(r: Results, png: Path | None, md: Path) -> str:
     machine = f"Measured {report.today()} on {report.machine_description()}."
     lines = [
         textwrap.fill(machine, 100), "",
         f"Command: `{report.command_line()}`", "",
-        f"Method and reading: {METHOD}.", "",
-        *(item(line) for line in settings_lines(r)), "",
+        report.method_link("Sharing"), "",
+        *(report.list_item(line) for line in settings_lines(r)), "",
         report.markdown_grid(*case_grid(r)), "",
         report.markdown_table(result_rows(r)), "",
-        *(item(line) for line in figure_lines(r)), "",
+        *(report.list_item(line) for line in figure_lines(r)), "",
     ]
     if png is not None:
         lines += [report.image_link(png, md, "sharing benchmark")]

@@ -5,6 +5,9 @@ docs/reliability.md, which lives between two markers so the rest of the page is 
     ## Soak
     ...
     <!-- soak:end -->
+
+How the soak measures and how to read the section is written once, by hand, in
+docs/reliability.md (`## Soak: how it is measured`, outside the markers).
 """
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load.impatient_clients import OUTCOMES, Result
-from bench.report import (Row, image_link, machine_description, markdown_grid, markdown_table,
-                          text_grid, text_table, today)
+from bench.report import (Row, image_link, list_item, machine_description, markdown_grid,
+                          markdown_table, method_link, text_grid, text_table, today)
 from bench.soak.memory import EARLY, LATE, MAX_GROWTH, MIN_JUDGED_S, Growth, MemorySamples
 from bench.soak.stack import EVENTS_MAX, NUM_BLOCKS
 
@@ -125,38 +128,38 @@ def terminal_report(r: SoakResults) -> str:
                         "RSS, MiB\n" + text_grid(*r.memory_grid()) + memory_note])
 
 
+def settings_lines(r: SoakResults) -> list[str]:
+    """The run's settings, one list item each; what they mean is in the method section."""
+    restart = ("killed with SIGKILL at half time and started again on the same port and Redis"
+               if r.restarts_planned else "not restarted")
+    return [
+        f"{r.minutes:g} minutes of mixed load from {r.concurrency} clients at a time; the "
+        f"allocator {restart}.",
+        f"Caches: the executor's pool has {NUM_BLOCKS:,} blocks and the allocator keeps "
+        f"{EVENTS_MAX:,} KV events in Redis (`--events-max`).",
+    ]
+
+
 def section(r: SoakResults, out_png: Path | None, out_md: Path) -> str:
     plot = f"\n\n{image_link(out_png, out_md, 'soak memory')}" if out_png else ""
-    restart = ("At half time the allocator is killed with SIGKILL and started again on the "
-               "same port and Redis. " if r.restarts_planned else "")
-    what = fill(
-        f"`make soak` (`python -m bench.soak`): {r.minutes:g} minutes of mixed load through one "
-        f"gateway, a durable allocator (Redis) and one executor on the embedded model, from "
-        f"{r.concurrency} clients at a time (`bench/load/impatient_clients.py`): gRPC and HTTP, "
-        "streamed and whole, greedy prompts whose answers the in-process engine computed "
-        "beforehand, and sampled ones, with cancels and disconnects at random points. "
-        f"{restart}Afterwards every count that must drain is read back and the allocator "
-        "audited; the memory of every process is sampled throughout (`/proc/PID/status`). "
-        "The run exits non-zero when a row says NO. The caches are sized to fill within the "
-        f"warm-up, so that one still filling is not taken for a leak: the executor's pool has "
-        f"{NUM_BLOCKS:,} blocks and the allocator keeps {EVENTS_MAX:,} KV events in Redis "
-        "(`--events-max`); see bench/soak/stack.py.")
-    last_run = fill(f"Last run: `{r.command}`, {today()}, {r.machine}.")
+    settings = "\n".join(list_item(line) for line in settings_lines(r))
     return f"""## Soak
 
-{what}
+{fill(f"Measured {today()} on {r.machine}.")}
 
-{last_run}
+Command: `{r.command}`
+
+{method_link("Soak")}
+
+{settings}
 
 {markdown_table(r.rows())}
 
-How each request ended, from its client's side ("gave up" is the client's cancel or
-disconnect; one that finished first counts as finished):
+How each request ended, by kind:
 
 {markdown_grid(*r.outcome_grid())}
 
-Resident memory (MiB). Stable: the last 20 % of the run less than {MAX_GROWTH:.0%} above the
-20-40 % window (the first 20 % is warm-up); the allocator's windows straddle its restart.
+Resident memory (MiB):
 
 {markdown_grid(*r.memory_grid())}{plot}
 """

@@ -1,6 +1,7 @@
 """What the throughput benchmark records and reports: every round of every contender, the rows
 with their targets, the tables (terminal and markdown), the raw JSON and its `## Throughput`
-section of docs/benchmarks.md. The plot is plot.py."""
+section of docs/benchmarks.md. The plot is plot.py; how the benchmark measures is written once, by
+hand, in docs/benchmarks.md (`## Throughput: how it is measured`)."""
 from __future__ import annotations
 
 import json
@@ -133,45 +134,22 @@ def target_lines(r: Results) -> list[str]:
             f"{'met' if row.met else 'NOT met'}" for row in target_rows(r)]
 
 
-def workload_text(r: Results) -> str:
+def settings_lines(r: Results) -> list[str]:
+    """The run's settings, one list item each; what they mean is in the method section."""
     s, w = r.settings, r.workload
     lengths = sorted(len(prompt) for prompt in w.prompts)
-    outputs = s.output_lens.describe()
-    return (f"{len(w.prompts)} requests, all submitted at once. Prompt lengths "
-            f"{s.prompt_lens.describe()} (drawn: {report.drawn_lengths(lengths)}; "
-            f"{w.num_prompt_tokens:,} prompt tokens), token ids random "
-            f"among the model's ordinary tokens (no bos, eos, pad or added token); output "
-            f"{outputs} tokens per request "
-            f"({w.num_output_tokens:,} in all), end-of-sequence ignored.")
-
-
-def method_text(r: Results) -> str:
-    s = r.settings
-    return (
-        f"Model `{r.model}`, {s.dtype}, on {r.device}; the three contenders run in one process, "
-        "greedy, on the same requests. Ours: `build_engine` + `offline.generate` (allocator "
-        f"core in-process, block size 16, {s.max_batched_tokens} tokens per iteration at most, "
-        f"a KV cache of {r.cache_tokens:,} tokens). transformers static `generate`: "
-        f"left-padded batches of {s.hf_batch} in arrival order, each generating up to its "
-        "longest output (a request keeps the tokens it asked for), `eos_token_id=None` so "
-        "end-of-sequence stops nothing. transformers `generate_batch`: its continuous-batching "
-        "manager (`continuous_batching_context_manager` with `generate_batch`'s workload "
-        "hints; called directly so each request has its own output length), the model's "
-        "default attention (`sdpa`, or flash attention when installed), `eos_token_id=-1` "
-        f"(none), and the same budget as ours: {r.cache_tokens:,} cached tokens and "
-        f"{s.max_batched_tokens} tokens per forward pass. Each contender is warmed up on 4 "
-        "short requests first; timing runs from submitting the first request to receiving "
-        "the last token, set-up excluded. Every contender runs "
-        f"{runs(s.rounds)}, the order rotating between rounds; the fastest run counts "
-        "(later rounds of ours use another cache salt: nothing comes from the prefix "
-        "cache). Output tokens/s counts the tokens the requests asked for. An allocator stall "
-        "is a decode whose next slot was not already in the sequence's mirrored block table "
-        "(lookahead did not cover it), so the forward pass waited for the Step's answer; the "
-        "stall share is stalls over all decodes (one per sequence per iteration).")
-
-
-def runs(count: int) -> str:
-    return {1: "once", 2: "twice"}.get(count, f"{count} times")
+    rounds = {1: "once", 2: "twice"}.get(s.rounds, f"{s.rounds} times")
+    return [
+        f"Model `{r.model}`, {s.dtype}, on {r.device}.",
+        f"{len(w.prompts)} requests, all submitted at once. Prompt lengths "
+        f"{s.prompt_lens.describe()} (drawn: {report.drawn_lengths(lengths)}; "
+        f"{w.num_prompt_tokens:,} prompt tokens); output {s.output_lens.describe()} tokens per "
+        f"request ({w.num_output_tokens:,} in all).",
+        f"Ours and transformers `generate_batch`: a KV cache of {r.cache_tokens:,} tokens, "
+        f"{s.max_batched_tokens} tokens per iteration at most; transformers static `generate`: "
+        f"batches of {s.hf_batch}.",
+        f"Every contender runs {rounds}, the fastest run counting.",
+    ]
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
@@ -180,8 +158,8 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
     lines = [
         textwrap.fill(machine, 100), "",
         f"Command: `{report.command_line()}`", "",
-        textwrap.fill(workload_text(r), 100), "",
-        textwrap.fill(method_text(r), 100), "",
+        report.method_link("Throughput"), "",
+        *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         report.markdown_table(result_rows(r)), "",
         report.markdown_grid(*contender_grid(r)),
