@@ -10,7 +10,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from allocator_service.core.block import SeqId
 from allocator_service.core.block_hash import HashFn, chain_hash
 from allocator_service.core.errors import StaleEpoch, StepIdReused, StepIdTooOld, UnknownExecutor
 from allocator_service.core.executor_pool import NO_GROWTH, ExecutorPool, PromptTooLarge
@@ -18,7 +17,7 @@ from allocator_service.core.kv_events import KvEventLog, KvEventType, PoolEvents
 from allocator_service.core.validation import validate_ops, validate_prompt, validate_registration
 from pagedserve.common.errors import AlreadyExists, NotFound
 from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, InvalidOp,
-                                           OpResult, OpStatus, StepResult)
+                                           OpResult, OpStatus, SeqId, StepResult)
 from pagedserve.protocol.limits import Limits
 
 

@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from typing import NewType
 
 from allocator_service.core.block_hash import BlockHash
-from pagedserve.protocol.block_ops import SeqId
 
 BlockId = NewType("BlockId", int)
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from allocator_service.core.block import Block, PrefixKey, SeqId
+from allocator_service.core.block import Block, PrefixKey
 from allocator_service.core.block_hash import BlockHash, HashFn, chain_hash, root_hash
 from allocator_service.core.block_pool import BlockPool
 from allocator_service.core.errors import SequenceExists, UnknownSequence
 from allocator_service.core.sequence import Sequence
 from pagedserve.common.errors import ResourceExhausted
-from pagedserve.protocol.block_ops import Allocation, Growth
+from pagedserve.protocol.block_ops import Allocation, Growth, SeqId
 
 
 class PromptTooLarge(ResourceExhausted):

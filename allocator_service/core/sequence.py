@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator_service.core.block import Block, PrefixKey, SeqId
+from allocator_service.core.block import Block, PrefixKey
 from allocator_service.core.block_hash import BlockHash
+from pagedserve.protocol.block_ops import SeqId
 
 
 @dataclass(slots=True, eq=False)

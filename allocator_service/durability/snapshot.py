@@ -15,11 +15,11 @@ from collections import OrderedDict
 from typing import Any
 
 from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
-from allocator_service.core.block import Block, BlockId, SeqId
+from allocator_service.core.block import Block, BlockId
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.sequence import Sequence
-from pagedserve.protocol.block_ops import OpResult, OpStatus, StepResult
+from pagedserve.protocol.block_ops import OpResult, OpStatus, SeqId, StepResult
 
 FORMAT_VERSION = 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from allocator_service.server.executor_tokens import ExecutorTokens, load_executor_tokens
 from pagedserve.common.config import add_server_flags, env_or, redacted, server_options

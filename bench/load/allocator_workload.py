@@ -16,8 +16,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from allocator_service.core.block import SeqId
-from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, SeqId
 
 VOCAB_SIZE = 32_000
 

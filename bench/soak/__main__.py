@@ -35,7 +35,7 @@ from tqdm import tqdm
 from bench.load.impatient_clients import (Answer, ImpatientClients, Plan, Result, draw_plans,
                                           wrong_answer)
 from bench.load.stack_leftovers import drained, gateway_outcomes
-from bench.report import ROOT, add_output_flags, command_line, output_paths
+from bench.report import add_output_flags, command_line, output_paths
 from bench.soak.memory import RssSampler, growth, sample_interval
 from bench.soak.plot import write_plot
 from bench.soak.report import SoakResults, section, terminal_report, write_section
