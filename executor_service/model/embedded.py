@@ -9,6 +9,11 @@ seeded `torch.Generator`, never the global RNG.
 
 Token ids: 0..255 are the UTF-8 bytes themselves (id == byte value), then the special tokens.
 Encoding adds no BOS automatically; a caller that wants one prepends `BOS_TOKEN` itself.
+
+Its output is printable ASCII: the weights are built so that a byte outside `PRINTABLE_BYTES`
+(a control byte such as ESC, DEL, or any byte of 0x80 and up, which could form a C1 control or
+invalid UTF-8) always scores far below a printable one, greedy or sampled, whatever the prompt
+(`random_weights` says how; tests/test_embedded_model.py checks the bound).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 EMBEDDED_MODEL_NAME = "pagedserve-embedded-llama"
 # Part of the cache directory name: bump it whenever anything below changes what is written.
-EMBEDDED_MODEL_VERSION = 1
+EMBEDDED_MODEL_VERSION = 2   # 2: only printable ASCII bytes can be generated
 WEIGHTS_SEED = 20240917
 
 BOS_TOKEN = "<|begin_of_text|>"
@@ -39,6 +44,14 @@ END_OF_TURN_TOKEN = "<|end|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, *(f"<|{role}|>" for role in CHAT_ROLES),
                   END_OF_TURN_TOKEN)
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+# The bytes the model can generate: printable ASCII and the newline.
+PRINTABLE_BYTES = frozenset([ord("\n"), *range(0x20, 0x7F)])
+BANNED_TOKEN_IDS = tuple(byte for byte in range(256) if byte not in PRINTABLE_BYTES)
+# The residual stream's last dimension is held at HELD_VALUE by construction, and each banned
+# token's lm_head row gets -BAN_WEIGHT there (a power of two: exact in float16 and bfloat16).
+HELD_DIM = -1
+HELD_VALUE = 1.0
+BAN_WEIGHT = 2.0 ** 15
 BOS_TOKEN_ID = 256 + SPECIAL_TOKENS.index(BOS_TOKEN)
 EOS_TOKEN_ID = 256 + SPECIAL_TOKENS.index(EOS_TOKEN)
 
@@ -194,7 +207,9 @@ def hf_config(recipe: LlamaRecipe) -> dict:
         "dtype": "float32",
         "torch_dtype": "float32",
         "pagedserve_recipe": {"name": EMBEDDED_MODEL_NAME, "version": EMBEDDED_MODEL_VERSION,
-                              "seed": WEIGHTS_SEED, **asdict(recipe)},
+                              "seed": WEIGHTS_SEED, **asdict(recipe),
+                              "generates_only_bytes": sorted(PRINTABLE_BYTES),
+                              "ban_weight": BAN_WEIGHT},
     }
 
 
@@ -233,7 +248,67 @@ def random_weights(recipe: LlamaRecipe) -> dict[str, torch.Tensor]:
         weights[f"{prefix}post_attention_layernorm.weight"] = torch.ones(hidden)
     weights["model.norm.weight"] = torch.ones(hidden)
     weights["lm_head.weight"] = uniform(VOCAB_SIZE, hidden, recipe.lm_head_std)
+    ban_unprintable_bytes(weights, recipe)
     return weights
+
+
+def ban_unprintable_bytes(weights: dict[str, torch.Tensor], recipe: LlamaRecipe) -> None:
+    """Makes every byte outside PRINTABLE_BYTES lose to a printable one by a wide margin.
+
+    1. One residual dimension (HELD_DIM) is the same constant in every token's embedding, and
+       no layer writes to it (its row of every o_proj and down_proj is zero), so it reaches the
+       final RMSNorm unchanged, for any input. There it becomes h = HELD_VALUE / rms(x) > 0.
+    2. Each banned token's lm_head row is a copy of a printable byte's row, except that it has
+       -BAN_WEIGHT in HELD_DIM, where every other row has 0. Its logit is therefore exactly its
+       printable twin's minus BAN_WEIGHT * h: it can never be the greedy choice, and sampling
+       gives it exp(-BAN_WEIGHT * h / temperature) of its twin's chance.
+    3. h has a floor: each layer's attention output is a mix of value vectors of a normalised
+       input and its MLP output a fixed function of one, so the residual norm has a bound that
+       no input can exceed (`held_dim_floor` computes it from the weights: about 1/270 here,
+       while about 1 is typical), which puts the banned logits at least 120 below their twins
+       (exp(-120) is 0 in float32) and typically tens of thousands below. BAN_WEIGHT is the
+       largest power of two that float16 holds.
+    """
+    weights["model.embed_tokens.weight"][:, HELD_DIM] = HELD_VALUE
+    for layer in range(recipe.num_layers):
+        weights[f"model.layers.{layer}.self_attn.o_proj.weight"][HELD_DIM, :] = 0.0
+        weights[f"model.layers.{layer}.mlp.down_proj.weight"][HELD_DIM, :] = 0.0
+    lm_head = weights["lm_head.weight"]
+    lm_head[:, HELD_DIM] = 0.0
+    printable = sorted(PRINTABLE_BYTES - {ord("\n")})
+    for index, token in enumerate(BANNED_TOKEN_IDS):
+        lm_head[token] = lm_head[printable[index % len(printable)]]
+        lm_head[token, HELD_DIM] = -BAN_WEIGHT
+
+
+def held_dim_floor(weights: dict[str, torch.Tensor], recipe: LlamaRecipe) -> float:
+    """A lower bound, valid for every input, on the held dimension after the final RMSNorm:
+    HELD_VALUE / rms(x) with rms(x) bounded through the norm of the residual stream x.
+
+    With n the normalised input of a layer (||n|| <= sqrt(hidden), the norm weights being 1):
+    an attention head outputs a convex mix of its value vectors, each at most
+    ||W_v(head)|| sqrt(hidden) long; the MLP's silu(g) * u has |silu(g_i)| <= |g_i| <= (norm of
+    gate row i) sqrt(hidden), so it is at most max_i ||gate_i|| ||W_up|| hidden long. Spectral
+    norms bound the matrices."""
+    hidden = recipe.hidden_size
+    root = math.sqrt(hidden)
+    group = recipe.num_heads // recipe.num_kv_heads
+
+    def spectral(matrix: torch.Tensor) -> float:
+        return float(torch.linalg.matrix_norm(matrix.double(), ord=2))
+
+    bound = float(weights["model.embed_tokens.weight"].double().norm(dim=1).max())
+    for layer in range(recipe.num_layers):
+        prefix = f"model.layers.{layer}."
+        v_proj = weights[prefix + "self_attn.v_proj.weight"]
+        heads = v_proj.double().reshape(recipe.num_kv_heads, recipe.head_dim, hidden)
+        mixed = math.sqrt(group * sum(spectral(head) ** 2 for head in heads)) * root
+        bound += spectral(weights[prefix + "self_attn.o_proj.weight"]) * mixed
+        gate = weights[prefix + "mlp.gate_proj.weight"].double().norm(dim=1).max()
+        inner = float(gate) * root * spectral(weights[prefix + "mlp.up_proj.weight"]) * root
+        bound += spectral(weights[prefix + "mlp.down_proj.weight"]) * inner
+    rms = math.sqrt(bound ** 2 / hidden + recipe.rms_norm_eps)
+    return HELD_VALUE / rms
 
 
 def byte_symbols() -> list[str]:
