@@ -13,7 +13,8 @@ Encoding adds no BOS automatically; a caller that wants one prepends `BOS_TOKEN`
 Its output is printable ASCII: the weights are built so that a byte outside `PRINTABLE_BYTES`
 (a control byte such as ESC, DEL, or any byte of 0x80 and up, which could form a C1 control or
 invalid UTF-8) always scores far below a printable one, greedy or sampled, whatever the prompt
-(`random_weights` says how; tests/test_embedded_model.py checks the bound).
+(`ban_unprintable_bytes` says how; tests/test_embedded_model.py checks the bound). Of the
+special tokens only EOS and <|end|> are generated, never greedily.
 """
 from __future__ import annotations
 
@@ -44,16 +45,24 @@ END_OF_TURN_TOKEN = "<|end|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, *(f"<|{role}|>" for role in CHAT_ROLES),
                   END_OF_TURN_TOKEN)
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
-# The bytes the model can generate: printable ASCII and the newline.
-PRINTABLE_BYTES = frozenset([ord("\n"), *range(0x20, 0x7F)])
-BANNED_TOKEN_IDS = tuple(byte for byte in range(256) if byte not in PRINTABLE_BYTES)
-# The residual stream's last dimension is held at HELD_VALUE by construction, and each banned
-# token's lm_head row gets -BAN_WEIGHT there (a power of two: exact in float16 and bfloat16).
-HELD_DIM = -1
-HELD_VALUE = 1.0
-BAN_WEIGHT = 2.0 ** 15
 BOS_TOKEN_ID = 256 + SPECIAL_TOKENS.index(BOS_TOKEN)
 EOS_TOKEN_ID = 256 + SPECIAL_TOKENS.index(EOS_TOKEN)
+# The bytes the model can generate: printable ASCII and the newline.
+PRINTABLE_BYTES = frozenset([ord("\n"), *range(0x20, 0x7F)])
+END_OF_TURN_TOKEN_ID = 256 + SPECIAL_TOKENS.index(END_OF_TURN_TOKEN)
+# Never generated: the other bytes, BOS and the role tokens. Generated, but never the greedy
+# choice and rarely sampled: the tokens that end a text (EOS, <|end|>).
+BANNED_TOKEN_IDS = (*(byte for byte in range(256) if byte not in PRINTABLE_BYTES),
+                    *(token for token in range(256, VOCAB_SIZE)
+                      if token not in (EOS_TOKEN_ID, END_OF_TURN_TOKEN_ID)))
+ENDING_TOKEN_IDS = (EOS_TOKEN_ID, END_OF_TURN_TOKEN_ID)
+# The residual stream's last dimension is held at HELD_VALUE by construction; in it, each banned
+# token's lm_head row has -BAN_WEIGHT and each ending token's -ENDING_WEIGHT (powers of two:
+# exact in float16 and bfloat16).
+HELD_DIM = 17   # any dimension works; with this one greedy texts loop less than with some
+HELD_VALUE = 1.0
+BAN_WEIGHT = 2.0 ** 15
+ENDING_WEIGHT = 2.0
 
 # Each message is `<|role|>content<|end|>`; a generation prompt opens the assistant's turn.
 CHAT_TEMPLATE = (
@@ -209,7 +218,7 @@ def hf_config(recipe: LlamaRecipe) -> dict:
         "pagedserve_recipe": {"name": EMBEDDED_MODEL_NAME, "version": EMBEDDED_MODEL_VERSION,
                               "seed": WEIGHTS_SEED, **asdict(recipe),
                               "generates_only_bytes": sorted(PRINTABLE_BYTES),
-                              "ban_weight": BAN_WEIGHT},
+                              "ban_weight": BAN_WEIGHT, "ending_weight": ENDING_WEIGHT},
     }
 
 
@@ -261,7 +270,9 @@ def ban_unprintable_bytes(weights: dict[str, torch.Tensor], recipe: LlamaRecipe)
     2. Each banned token's lm_head row is a copy of a printable byte's row, except that it has
        -BAN_WEIGHT in HELD_DIM, where every other row has 0. Its logit is therefore exactly its
        printable twin's minus BAN_WEIGHT * h: it can never be the greedy choice, and sampling
-       gives it exp(-BAN_WEIGHT * h / temperature) of its twin's chance.
+       gives it exp(-BAN_WEIGHT * h / temperature) of its twin's chance. BOS and the role
+       tokens are banned the same way; EOS and <|end|> get -ENDING_WEIGHT instead, so they
+       are never the greedy choice but a sampled text still ends now and then.
     3. h has a floor: each layer's attention output is a mix of value vectors of a normalised
        input and its MLP output a fixed function of one, so the residual norm has a bound that
        no input can exceed (`held_dim_floor` computes it from the weights: about 1/270 here,
@@ -276,9 +287,11 @@ def ban_unprintable_bytes(weights: dict[str, torch.Tensor], recipe: LlamaRecipe)
     lm_head = weights["lm_head.weight"]
     lm_head[:, HELD_DIM] = 0.0
     printable = sorted(PRINTABLE_BYTES - {ord("\n")})
-    for index, token in enumerate(BANNED_TOKEN_IDS):
+    penalties = [*((token, BAN_WEIGHT) for token in BANNED_TOKEN_IDS),
+                 *((token, ENDING_WEIGHT) for token in ENDING_TOKEN_IDS)]
+    for index, (token, weight) in enumerate(penalties):
         lm_head[token] = lm_head[printable[index % len(printable)]]
-        lm_head[token, HELD_DIM] = -BAN_WEIGHT
+        lm_head[token, HELD_DIM] = -weight
 
 
 def held_dim_floor(weights: dict[str, torch.Tensor], recipe: LlamaRecipe) -> float:
