@@ -59,7 +59,8 @@ def add_global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagedctl", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="pagedctl", description=" ".join(
+                                         __doc__.split("\n\n")[i] for i in (0, 2)),
                                      epilog="Global options go before or after the command.")
     add_global_options(parser, defaults=True)
     shared = argparse.ArgumentParser(add_help=False)
