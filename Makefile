@@ -11,7 +11,9 @@ PROTOC_PY   := $(PROTOC_VENV)/bin/python
 # all import; newer generators stamp a minimum runtime that older GPU images may not have.
 GRPCIO_TOOLS := grpcio-tools==1.62.3
 PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
-PORT        ?= 50052
+# `make run PORT=N` moves the whole stack: gateway gRPC N, allocator N+1, executor N+2, HTTP N+100
+# (unset: 50051, 50052, 50053, 8000).
+PORT        ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs soak
@@ -50,7 +52,7 @@ test: $(INSTALLED) $(PROTOC_PY) redis-server
 # Starts the whole stack on loopback (allocator, executor, gateway on the embedded default),
 # streams a demo generation through the gateway, shows `pagedctl stats`, serves until Ctrl-C.
 run: $(INSTALLED)
-	$(BIN)/pagedserve up --allocator-port $(PORT) --demo "The paged KV cache"
+	$(BIN)/pagedserve up $(if $(PORT),--base-port $(PORT)) --demo "The paged KV cache"
 
 # Each benchmark rewrites its own section of docs/benchmarks.md and its plot under docs/img/.
 bench: $(INSTALLED) redis-server

@@ -77,8 +77,11 @@ def sections(command: str, parser: argparse.ArgumentParser, depth: int = 2,
     if summary or parser.description:
         lines += [cell(summary or parser.description or ""), ""]
     subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    # A default of SUPPRESS marks a command's copy of a global option (pagedctl takes them
+    # after the command too); the command's own section lists it once.
     actions = [a for a in parser._actions
-               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+               and a.default != argparse.SUPPRESS]
     if actions:
         lines += ["| flag | environment variable | default | meaning |",
                   "|---|---|---|---|", *map(row, actions), ""]

@@ -3,8 +3,8 @@ as child processes on free loopback ports, started in dependency order, each wai
 its gRPC health says SERVING, and stopped in reverse order (the gateway drains first, the
 allocator goes last) however the benchmark ends.
 
-The command lines and the supervision are `pagedserve up`'s (pagedserve/cli/up.py and its
-ChildService), with one difference: a child's output is not echoed (its tail is still shown if
+The command lines and the supervision are `pagedserve up`'s (pagedserve/cli/up.py and the
+supervisor's SupervisedProcess), with one difference: a child's output is not echoed (its tail is still shown if
 it fails), because the benchmark's stdout is its tables.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench.serve.workload import ServeSettings
 from pagedserve.cli import up
-from pagedserve.cli.child_service import ChildService
+from pagedserve.supervisor.supervised import SupervisedProcess as ChildService
 
 # Kept from the caller's environment: where the embedded model is cached. Any other
 # PAGEDSERVE_* variable (a port, an API key, a token) would change what is measured.

@@ -9,6 +9,12 @@ seeded `torch.Generator`, never the global RNG.
 
 Token ids: 0..255 are the UTF-8 bytes themselves (id == byte value), then the special tokens.
 Encoding adds no BOS automatically; a caller that wants one prepends `BOS_TOKEN` itself.
+
+Its output is printable ASCII: the weights are built so that a byte outside `PRINTABLE_BYTES`
+(a control byte such as ESC, DEL, or any byte of 0x80 and up, which could form a C1 control or
+invalid UTF-8) always scores far below a printable one, greedy or sampled, whatever the prompt
+(`ban_unprintable_bytes` says how; tests/executor/test_embedded_model.py checks the bound). Of the
+special tokens only EOS and <|end|> are generated, never greedily.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 EMBEDDED_MODEL_NAME = "pagedserve-embedded-llama"
 # Part of the cache directory name: bump it whenever anything below changes what is written.
-EMBEDDED_MODEL_VERSION = 1
+EMBEDDED_MODEL_VERSION = 2   # 2: only printable ASCII bytes can be generated
 WEIGHTS_SEED = 20240917
 
 BOS_TOKEN = "<|begin_of_text|>"
@@ -41,6 +47,22 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, *(f"<|{role}|>" for role in CHAT_ROLES),
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 BOS_TOKEN_ID = 256 + SPECIAL_TOKENS.index(BOS_TOKEN)
 EOS_TOKEN_ID = 256 + SPECIAL_TOKENS.index(EOS_TOKEN)
+# The bytes the model can generate: printable ASCII and the newline.
+PRINTABLE_BYTES = frozenset([ord("\n"), *range(0x20, 0x7F)])
+END_OF_TURN_TOKEN_ID = 256 + SPECIAL_TOKENS.index(END_OF_TURN_TOKEN)
+# Never generated: the other bytes, BOS and the role tokens. Generated, but never the greedy
+# choice and rarely sampled: the tokens that end a text (EOS, <|end|>).
+BANNED_TOKEN_IDS = (*(byte for byte in range(256) if byte not in PRINTABLE_BYTES),
+                    *(token for token in range(256, VOCAB_SIZE)
+                      if token not in (EOS_TOKEN_ID, END_OF_TURN_TOKEN_ID)))
+ENDING_TOKEN_IDS = (EOS_TOKEN_ID, END_OF_TURN_TOKEN_ID)
+# The residual stream's last dimension is held at HELD_VALUE by construction; in it, each banned
+# token's lm_head row has -BAN_WEIGHT and each ending token's -ENDING_WEIGHT (powers of two:
+# exact in float16 and bfloat16).
+HELD_DIM = 17   # any dimension works; with this one greedy texts loop less than with some
+HELD_VALUE = 1.0
+BAN_WEIGHT = 2.0 ** 15
+ENDING_WEIGHT = 2.0
 
 # Each message is `<|role|>content<|end|>`; a generation prompt opens the assistant's turn.
 CHAT_TEMPLATE = (
@@ -194,7 +216,9 @@ def hf_config(recipe: LlamaRecipe) -> dict:
         "dtype": "float32",
         "torch_dtype": "float32",
         "pagedserve_recipe": {"name": EMBEDDED_MODEL_NAME, "version": EMBEDDED_MODEL_VERSION,
-                              "seed": WEIGHTS_SEED, **asdict(recipe)},
+                              "seed": WEIGHTS_SEED, **asdict(recipe),
+                              "generates_only_bytes": sorted(PRINTABLE_BYTES),
+                              "ban_weight": BAN_WEIGHT, "ending_weight": ENDING_WEIGHT},
     }
 
 
@@ -233,7 +257,71 @@ def random_weights(recipe: LlamaRecipe) -> dict[str, torch.Tensor]:
         weights[f"{prefix}post_attention_layernorm.weight"] = torch.ones(hidden)
     weights["model.norm.weight"] = torch.ones(hidden)
     weights["lm_head.weight"] = uniform(VOCAB_SIZE, hidden, recipe.lm_head_std)
+    ban_unprintable_bytes(weights, recipe)
     return weights
+
+
+def ban_unprintable_bytes(weights: dict[str, torch.Tensor], recipe: LlamaRecipe) -> None:
+    """Makes every byte outside PRINTABLE_BYTES lose to a printable one by a wide margin.
+
+    1. One residual dimension (HELD_DIM) is the same constant in every token's embedding, and
+       no layer writes to it (its row of every o_proj and down_proj is zero), so it reaches the
+       final RMSNorm unchanged, for any input. There it becomes h = HELD_VALUE / rms(x) > 0.
+    2. Each banned token's lm_head row is a copy of a printable byte's row, except that it has
+       -BAN_WEIGHT in HELD_DIM, where every other row has 0. Its logit is therefore exactly its
+       printable twin's minus BAN_WEIGHT * h: it can never be the greedy choice, and sampling
+       gives it exp(-BAN_WEIGHT * h / temperature) of its twin's chance. BOS and the role
+       tokens are banned the same way; EOS and <|end|> get -ENDING_WEIGHT instead, so they
+       are never the greedy choice but a sampled text still ends now and then.
+    3. h has a floor: each layer's attention output is a mix of value vectors of a normalised
+       input and its MLP output a fixed function of one, so the residual norm has a bound that
+       no input can exceed (`held_dim_floor` computes it from the weights: about 1/270 here,
+       while about 1 is typical), which puts the banned logits at least 120 below their twins
+       (exp(-120) is 0 in float32) and typically tens of thousands below. BAN_WEIGHT is the
+       largest power of two that float16 holds.
+    """
+    weights["model.embed_tokens.weight"][:, HELD_DIM] = HELD_VALUE
+    for layer in range(recipe.num_layers):
+        weights[f"model.layers.{layer}.self_attn.o_proj.weight"][HELD_DIM, :] = 0.0
+        weights[f"model.layers.{layer}.mlp.down_proj.weight"][HELD_DIM, :] = 0.0
+    lm_head = weights["lm_head.weight"]
+    lm_head[:, HELD_DIM] = 0.0
+    printable = sorted(PRINTABLE_BYTES - {ord("\n")})
+    penalties = [*((token, BAN_WEIGHT) for token in BANNED_TOKEN_IDS),
+                 *((token, ENDING_WEIGHT) for token in ENDING_TOKEN_IDS)]
+    for index, (token, weight) in enumerate(penalties):
+        lm_head[token] = lm_head[printable[index % len(printable)]]
+        lm_head[token, HELD_DIM] = -weight
+
+
+def held_dim_floor(weights: dict[str, torch.Tensor], recipe: LlamaRecipe) -> float:
+    """A lower bound, valid for every input, on the held dimension after the final RMSNorm:
+    HELD_VALUE / rms(x) with rms(x) bounded through the norm of the residual stream x.
+
+    With n the normalised input of a layer (||n|| <= sqrt(hidden), the norm weights being 1):
+    an attention head outputs a convex mix of its value vectors, each at most
+    ||W_v(head)|| sqrt(hidden) long; the MLP's silu(g) * u has |silu(g_i)| <= |g_i| <= (norm of
+    gate row i) sqrt(hidden), so it is at most max_i ||gate_i|| ||W_up|| hidden long. Spectral
+    norms bound the matrices."""
+    hidden = recipe.hidden_size
+    root = math.sqrt(hidden)
+    group = recipe.num_heads // recipe.num_kv_heads
+
+    def spectral(matrix: torch.Tensor) -> float:
+        return float(torch.linalg.matrix_norm(matrix.double(), ord=2))
+
+    bound = float(weights["model.embed_tokens.weight"].double().norm(dim=1).max())
+    for layer in range(recipe.num_layers):
+        prefix = f"model.layers.{layer}."
+        v_proj = weights[prefix + "self_attn.v_proj.weight"]
+        heads = v_proj.double().reshape(recipe.num_kv_heads, recipe.head_dim, hidden)
+        mixed = math.sqrt(group * sum(spectral(head) ** 2 for head in heads)) * root
+        bound += spectral(weights[prefix + "self_attn.o_proj.weight"]) * mixed
+        gate = weights[prefix + "mlp.gate_proj.weight"].double().norm(dim=1).max()
+        inner = float(gate) * root * spectral(weights[prefix + "mlp.up_proj.weight"]) * root
+        bound += spectral(weights[prefix + "mlp.down_proj.weight"]) * inner
+    rms = math.sqrt(bound ** 2 / hidden + recipe.rms_norm_eps)
+    return HELD_VALUE / rms
 
 
 def byte_symbols() -> list[str]:

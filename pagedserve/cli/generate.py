@@ -1,8 +1,10 @@
 """`pagedserve generate PROMPT`: one request to a running gateway, text to stdout.
 
 With --n 1 the text streams as it is decoded; with --n above 1 each completion is printed when
-it finishes, under a `--- completion i ---` header. An RPC error prints `error: STATUS: details`
-to stderr and exits 1; Ctrl-C cancels the request and exits 130.
+it finishes, under a `--- completion i ---` header. A control character in the text (ESC, ^N,
+...) is shown escaped (`\\x1b`), never sent raw to the terminal; newlines and tabs are kept.
+An RPC error prints `error: STATUS: details` to stderr and exits 1; Ctrl-C cancels the request
+and exits 130.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from pagedserve.cli.printable import printable
 from pagedserve.common.config import env_or
 from pagedserve.gateway_client import GatewayClient, GenerationStream
 
@@ -46,7 +49,7 @@ def print_streamed(generation: GenerationStream) -> list[str]:
     """Writes the one completion's text as it arrives; returns the errors it ended with."""
     errors = []
     for delta in generation:
-        sys.stdout.write(delta.text)
+        sys.stdout.write(printable(delta.text))
         sys.stdout.flush()
         if delta.finish_reason == "error":
             errors.append(delta.error)
@@ -61,7 +64,8 @@ def print_finished(generation: GenerationStream) -> list[str]:
     for delta in generation:
         texts.setdefault(delta.index, []).append(delta.text)
         if delta.finish_reason is not None:
-            print(f"--- completion {delta.index} ---\n{''.join(texts.pop(delta.index))}",
+            print(f"--- completion {delta.index} ---\n"
+                  f"{printable(''.join(texts.pop(delta.index)))}",
                   flush=True)
         if delta.finish_reason == "error":
             errors.append(f"completion {delta.index}: {delta.error}")

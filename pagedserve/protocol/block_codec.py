@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
-from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp,
-                                           InvalidOp, OpResult, OpStatus, SeqId, StepResult)
+from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
+                                           OpResult, OpStatus, SeqId, StepResult)
 
 
 def op_to_proto(op: BlockOp) -> pb.BlockOp:

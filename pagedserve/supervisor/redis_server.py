@@ -35,7 +35,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pagedserve.common.processes import stop_gracefully
+from pagedserve.supervisor.supervised import stop_gracefully
 
 REDIS_SERVER = "/usr/bin/redis-server"
 HOST = "127.0.0.1"

@@ -1,38 +1,27 @@
-"""Runs the real allocator as a subprocess on a loopback port, for integration tests and benches.
+"""The services as the tests and benchmarks run them: started by the constructor on a free
+loopback port, ready (SERVING) when it returns, stopped by `stop()` or `with`.
 
     with AllocatorProcess("--auth-token", "t") as allocator:
         stub = AllocatorStub(allocator.channel(token="t"))
 
-It starts `python -m allocator_service --port 0`, reads the bound port from the one stdout line,
-waits for grpc health SERVING, and always stops the process (SIGTERM, then SIGKILL). stdout and
-stderr are drained by background threads, so a chatty server never blocks on a full pipe.
+Each is a `SupervisedProcess` (supervised.py), the supervisor `pagedserve up` uses too: it
+starts `python -m MODULE --host 127.0.0.1 --port 0 ...`, reads the bound address from the
+ready line, waits for gRPC health SERVING, and always stops the process (SIGTERM, then
+SIGKILL).
 """
 from __future__ import annotations
 
-import collections
 import os
-import queue
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
-import grpc
-
-from pagedserve.common.client import is_serving, open_channel
-from pagedserve.common.processes import stop_gracefully
+from pagedserve.supervisor.supervised import ServiceStartError, SupervisedProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_PREFIX = "allocator listening on "
-
-
-class ServiceStartError(RuntimeError):
-    """The service exited, or did not become ready in time; the message ends with its log."""
-
 
 AllocatorStartError = ServiceStartError
 
@@ -54,132 +43,41 @@ def alive(pid: int) -> bool:
     return True
 
 
-class ServiceProcess:
+class ServiceProcess(SupervisedProcess):
     """One pagedserve service as a subprocess (`python -m MODULE --port 0 ...`); started by the
     constructor, stopped by `stop()` or `with`. Subclasses name the module and its ready line."""
 
     MODULE = "allocator_service"
     READY_PREFIX = READY_PREFIX
+    HTTP_PREFIX = ""
 
     def __init__(self, *extra_args: str, startup_timeout_s: float = 30.0,
                  env: dict[str, str] | None = None, stderr_lines: int = 500,
                  wait_serving: bool = True, tls_ca: str = "") -> None:
         """`wait_serving=False` returns once the service listens, SERVING or not. `tls_ca`:
         the service serves TLS (pass its --tls-cert and --tls-key); our channels verify it."""
-        self.tls_ca = tls_ca
         self.args = [sys.executable, "-m", self.MODULE, "--host", "127.0.0.1",
                      "--port", "0", *extra_args]
-        self._stderr: collections.deque[str] = collections.deque(maxlen=stderr_lines)
-        self._stdout: queue.Queue[str | None] = queue.Queue()
-        self._channels: list[grpc.Channel] = []
-        self.process = subprocess.Popen(
-            self.args, cwd=REPO_ROOT, env=hermetic_env(env), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-        assert self.process.stdout is not None and self.process.stderr is not None
-        self._stderr_lock = threading.Lock()
-        self._readers = [
-            threading.Thread(target=self._drain_stdout, args=(self.process.stdout,),
-                             name=f"{self.MODULE}-stdout", daemon=True),
-            threading.Thread(target=self._drain_stderr, args=(self.process.stderr,),
-                             name=f"{self.MODULE}-stderr", daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
+        super().__init__(" ".join(self.args[2:]), self.args, ready_prefix=self.READY_PREFIX,
+                         http_prefix=self.HTTP_PREFIX, env=hermetic_env(env), cwd=REPO_ROOT,
+                         startup_timeout_s=startup_timeout_s, wait_serving=wait_serving,
+                         tls_ca=tls_ca, log_lines=stderr_lines)
+        self.start()
         try:
-            self.target = self._read_target(startup_timeout_s)
-            self.port = int(self.target.rsplit(":", 1)[1])
-            if wait_serving:
-                self._wait_serving(startup_timeout_s)
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
 
-    # -- start-up ------------------------------------------------------------------------------
-
-    def _drain_stdout(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._stdout.put(line)
-        self._stdout.put(None)  # EOF: the process closed stdout (it exited)
-
-    def _drain_stderr(self, stream: IO[str]) -> None:
-        for line in stream:
-            with self._stderr_lock:
-                self._stderr.append(line)
-
-    def _read_target(self, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                line = self._stdout.get(timeout=max(0.0, remaining))
-            except queue.Empty:
-                raise self._start_error(f"printed no ready line within {timeout_s:.0f}s") from None
-            if line is None:
-                raise self._start_error("exited before printing its ready line", exited=True)
-            if line.startswith(self.READY_PREFIX):
-                return line[len(self.READY_PREFIX):].strip()
-
-    def _wait_serving(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        channel = self.channel()
-        while True:
-            if is_serving(channel):
-                return
-            if self.process.poll() is not None:
-                raise self._start_error("exited before reporting SERVING", exited=True)
-            if time.monotonic() > deadline:
-                raise self._start_error(f"was not SERVING within {timeout_s:.0f}s")
-            time.sleep(0.05)
-
-    def _start_error(self, what: str, exited: bool = False) -> ServiceStartError:
-        if exited:  # reap it and let the last lines of its log arrive
-            try:
-                self.process.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                pass
-            self._readers[1].join(timeout=2.0)
-        return ServiceStartError(
-            f"{' '.join(self.args[2:])} {what} (exit code {self.process.poll()}); "
-            f"stderr tail:\n{self.stderr_tail()}")
-
-    # -- use -----------------------------------------------------------------------------------
-
-    def channel(self, token: str = "") -> grpc.Channel:
-        """A new channel to the service, closed by `stop()`."""
-        channel = open_channel(self.target, token, self.tls_ca)
-        self._channels.append(channel)
-        return channel
-
-    def stderr_tail(self, lines: int = 50) -> str:
-        with self._stderr_lock:
-            return "".join(list(self._stderr)[-lines:])
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    # -- shutdown ------------------------------------------------------------------------------
-
-    def stop(self, timeout_s: float = 10.0) -> int:
+    def stop(self, timeout_s: float = 10.0) -> int:  # type: ignore[override]
         """SIGTERM, wait up to `timeout_s`, then SIGKILL; returns the exit code. Idempotent."""
-        for channel in self._channels:
-            channel.close()
-        self._channels.clear()
-        stop_gracefully(self.process, timeout_s)
-        for reader in self._readers:
-            reader.join(timeout=2.0)
-        return self.process.returncode
-
-    def __enter__(self):  # noqa: ANN204 - the subclass's own type
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        code = super().stop(timeout_s)
+        assert code is not None
+        return code
 
 
 class AllocatorProcess(ServiceProcess):
     """`python -m allocator_service`."""
-
 
 
 class ExecutorProcess(ServiceProcess):
@@ -213,20 +111,6 @@ class GatewayProcess(ServiceProcess):
             extra_args = (*extra_args, "--http-port", "0")
         super().__init__(*extra_args, startup_timeout_s=startup_timeout_s, env=env,
                          stderr_lines=stderr_lines, wait_serving=wait_serving, tls_ca=tls_ca)
-        try:
-            self.http_url = self._read_line(self.HTTP_PREFIX, startup_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _read_line(self, prefix: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            line = self._stdout.get(timeout=max(0.0, deadline - time.monotonic()))
-            if line is None:
-                raise self._start_error(f"exited before printing {prefix!r}", exited=True)
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
 
 
 def pagedctl_audit(allocator: AllocatorProcess, token: str = ""

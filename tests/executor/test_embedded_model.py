@@ -13,10 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor_service.model.embedded import (BOS_TOKEN_ID, CHAT_TEMPLATE, EMBEDDED_MODEL_NAME,
-                                             EMBEDDED_MODEL_VERSION, EOS_TOKEN_ID, MARKER_FILE,
-                                             SPECIAL_TOKENS, VOCAB_SIZE, byte_symbols,
-                                             embedded_model_dir, write_embedded_checkpoint)
+from executor_service.model.embedded import (BAN_WEIGHT, BANNED_TOKEN_IDS, BOS_TOKEN_ID,
+                                             CHAT_TEMPLATE, EMBEDDED_MODEL_NAME,
+                                             EMBEDDED_MODEL_VERSION, ENDING_TOKEN_IDS,
+                                             ENDING_WEIGHT, EOS_TOKEN_ID, HELD_DIM, HELD_VALUE,
+                                             MARKER_FILE, PRINTABLE_BYTES, RECIPE, SPECIAL_TOKENS,
+                                             VOCAB_SIZE, byte_symbols, embedded_model_dir,
+                                             held_dim_floor, random_weights,
+                                             write_embedded_checkpoint)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "model.safetensors",
@@ -223,3 +227,82 @@ def test_build_that_loses_the_race_keeps_the_winners_dir(tmp_path: Path,
     assert embedded_model_dir(tmp_path) == target
     assert target.stat().st_ino == winner[0]
     assert os.listdir(tmp_path / "models") == [target.name]     # our build was discarded
+
+
+# -- printable output ----------------------------------------------------------------------------
+
+PROMPTS = ["The paged KV cache", "Hello", "\x1b[31m\x00\x7f control bytes \x06\x0e",
+           "中文字符 🎉 Ünïcödé", "x" * 200, "\n"]
+
+
+def test_banned_bytes_are_exactly_the_unprintable_ones() -> None:
+    assert PRINTABLE_BYTES == {10, *range(32, 127)}
+    assert set(BANNED_TOKEN_IDS) == (set(range(VOCAB_SIZE)) - PRINTABLE_BYTES
+                                     - {EOS_TOKEN_ID, 256 + SPECIAL_TOKENS.index("<|end|>")})
+    assert set(ENDING_TOKEN_IDS) == {EOS_TOKEN_ID, 256 + SPECIAL_TOKENS.index("<|end|>")}
+    assert all(chr(byte).isprintable() or byte == 10 for byte in PRINTABLE_BYTES)
+
+
+def test_the_held_dimension_is_constant_and_bans_unprintable_bytes_by_construction() -> None:
+    """What makes the ban hold for every input: one residual dimension that every embedding
+    sets and no layer writes, and banned lm_head rows that are a printable row minus
+    BAN_WEIGHT there; the floor on that dimension after the final norm makes the gap wide
+    enough that float32's softmax gives the banned tokens exactly 0 at temperature 1."""
+    weights = random_weights(RECIPE)
+    assert torch.all(weights["model.embed_tokens.weight"][:, HELD_DIM] == HELD_VALUE)
+    for layer in range(RECIPE.num_layers):
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            assert torch.all(weights[f"model.layers.{layer}.{name}.weight"][HELD_DIM] == 0)
+    lm_head = weights["lm_head.weight"]
+    assert torch.all(lm_head[sorted(PRINTABLE_BYTES), HELD_DIM] == 0)
+    for token in (*BANNED_TOKEN_IDS, *ENDING_TOKEN_IDS):
+        weight = BAN_WEIGHT if token in BANNED_TOKEN_IDS else ENDING_WEIGHT
+        assert lm_head[token, HELD_DIM] == -weight
+        others = [dim for dim in range(RECIPE.hidden_size) if dim != HELD_DIM]
+        twins = [t for t in PRINTABLE_BYTES
+                 if torch.equal(lm_head[t, others], lm_head[token, others])]
+        assert twins, f"token {token} has no printable twin"
+    assert BAN_WEIGHT == torch.tensor(BAN_WEIGHT, dtype=torch.float16).item()
+    floor = held_dim_floor(weights, RECIPE)
+    assert BAN_WEIGHT * floor > 104, "exp(-104) underflows to 0 in float32"
+    assert torch.exp(torch.tensor(-BAN_WEIGHT * floor, dtype=torch.float32)).item() == 0.0
+
+
+def test_the_floor_holds_on_real_hidden_states(checkpoint: Path) -> None:
+    """The bound is a bound: the held dimension after the final norm, on real inputs, sits
+    above it (and far above, which is why typical gaps are in the thousands)."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
+    floor = held_dim_floor(random_weights(RECIPE), RECIPE)
+    prompts = torch.randint(0, VOCAB_SIZE, (4, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = model.model(prompts).last_hidden_state
+        logits = model(prompts).logits
+    assert hidden[..., HELD_DIM].min().item() > floor
+    banned = logits[..., list(BANNED_TOKEN_IDS)].max(dim=-1).values
+    best = logits[..., sorted(PRINTABLE_BYTES)].max(dim=-1).values
+    assert (best - banned).min().item() > 1000
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generation_is_printable_greedy_and_sampled(checkpoint: Path, temperature: float) -> None:
+    """The engine on the embedded checkpoint, at temperature 0 and 1, over prompts with control
+    bytes and non-ASCII in them: every generated byte is printable ASCII or a newline. EOS and
+    <|end|> can be sampled (they end a text), never chosen greedily."""
+    from allocator_service.local_block_allocator import LocalBlockAllocator
+    from executor_service.engine.build import EngineOptions, build_engine
+    from executor_service.engine.offline import generate
+    from pagedserve.protocol.sampling_params import SamplingParams
+    engine = build_engine(checkpoint, EngineOptions(num_blocks=256, sampler_seed=11),
+                          LocalBlockAllocator())
+    prompts = [list(text.encode()) for text in PROMPTS]
+    params = SamplingParams(n=1 if temperature == 0 else 4, max_tokens=96,
+                            temperature=temperature, seed=5, ignore_eos=True)
+    completions = generate(engine, prompts, params)
+    generated = [token for completion in completions for choice in completion.choices
+                 for token in choice]
+    assert len(generated) == len(prompts) * params.n * 96
+    endings = set(ENDING_TOKEN_IDS) if temperature > 0 else set()
+    assert sorted(set(generated) - PRINTABLE_BYTES - endings) == []
+    text = bytes(token for token in generated if token < 256).decode("ascii")
+    assert all(char.isprintable() or char == "\n" for char in text)

@@ -1,7 +1,6 @@
 """pagedctl against the real allocator: the table and --json output of every command, exact."""
 from __future__ import annotations
 
-import base64
 import json
 import signal
 import subprocess
@@ -36,8 +35,10 @@ def table_row(output: str, first_cell: str) -> list[str]:
 
 
 def as_int(message: dict, key: str) -> int:
-    """proto3 JSON: 64-bit ints are strings and zero values are left out."""
-    return int(message.get(key, 0))
+    """An integer field of pagedctl's JSON, which prints every field as a JSON number."""
+    value = message[key]
+    assert isinstance(value, int), f"{key} is {value!r}, not a JSON number"
+    return value
 
 
 CTL = "pagedctl-pool"
@@ -124,7 +125,7 @@ class TestPagedctl:
         assert done.stdout == f"sequence ctl-seq on {CTL}: 10 tokens in 3 blocks of 4\n0 1 2\n"
 
         table = json.loads(pagedctl(server.target, "--json", "table", "ctl-seq").stdout)
-        assert [int(b) for b in table["block_ids"]] == [0, 1, 2]
+        assert table["block_ids"] == [0, 1, 2]
         assert (table["executor_id"], as_int(table, "num_tokens"), table["block_size"]) == (
             CTL, 10, 4)
 
@@ -159,15 +160,23 @@ class TestPagedctl:
         assert [as_int(b, "block_id") for b in dumped["blocks"]] == list(range(8))
         assert [b["state"] for b in dumped["blocks"]] == ["BLOCK_STATE_USED"] * 3 + [
             "BLOCK_STATE_CACHED_FREE"] * 2 + ["BLOCK_STATE_FREE"] * 3
-        assert base64.b64decode(dumped["blocks"][0]["block_hash"]) == dump.blocks[0].block_hash
-        assert [int(b) for b in dumped["free_list"]] == [5, 6, 7, 4, 3]
+        assert dumped["blocks"][0]["block_hash"] == dump.blocks[0].block_hash.hex()
+        assert dumped["blocks"][0]["block_hash"].startswith(hashes[0])  # the table's prefix
+        assert dumped["blocks"][5]["block_hash"] == ""
+        assert dumped["free_list"] == [5, 6, 7, 4, 3]
 
     def test_blocks_png_writes_a_readable_picture(self, server: AllocatorProcess,
                                                   tmp_path: Path) -> None:
         path = tmp_path / "pool.png"
         done = pagedctl(server.target, "blocks", CTL, "--png", str(path))
         assert done.returncode == 0, done.stderr
-        assert f"wrote {path}" in done.stderr
+        # The picture replaces the listing: one summary line, not a row per block.
+        assert done.stdout == (f"wrote {path}: {CTL}, 8 blocks (3 free, 2 cached-free, "
+                               "3 used)\n")
+        summary = json.loads(pagedctl(server.target, "blocks", CTL, "--png", str(path),
+                                      "--json").stdout)
+        assert summary == {"png": str(path), "executor_id": CTL, "num_blocks": 8,
+                           "blocks_by_state": {"free": 3, "cached-free": 2, "used": 3}}
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         with Image.open(path) as image:
             image.load()
@@ -254,7 +263,9 @@ def test_events_prints_every_event_in_order_and_from_a_sequence_number(
     tail = pagedctl(allocator.target, "--json", "events", "--from", "3").stdout.splitlines()
     assert [(e["seq"], e["type"], e["block_id"], e["token_ids"])
             for e in map(json.loads, tail)] == [
-        ("3", "KV_EVENT_TYPE_BLOCK_STORED", "1", ["5", "6", "7", "8"])]
+        (3, "KV_EVENT_TYPE_BLOCK_STORED", 1, [5, 6, 7, 8])]
+    (stored,) = map(json.loads, tail)
+    assert (stored["block_hash"], stored["parent_block_hash"]) == (h1.hex(), h0.hex())
 
 
 def test_events_follow_prints_new_events_until_interrupted(allocator: AllocatorProcess) -> None:
@@ -269,6 +280,66 @@ def test_events_follow_prints_new_events_until_interrupted(allocator: AllocatorP
         assert follower.stdout.readline() == "#1 PoolReset    late registered (2 blocks of 4)\n"
         follower.send_signal(signal.SIGINT)
         assert follower.wait(timeout=10) == 0
+    finally:
+        follower.kill()
+        follower.wait()
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_global_options_go_before_or_after_the_command(
+        where: str, auth_server: AllocatorProcess) -> None:
+    """`pagedctl --json stats` and `pagedctl stats --json` (and --target, --token, --timeout)
+    mean the same."""
+    options = ["--target", auth_server.target, "--token", TOKEN, "--timeout", "5", "--json"]
+    argv = [*options, "stats"] if where == "before" else ["stats", *options]
+    done = subprocess.run([sys.executable, "-m", "pagedserve.cli.pagedctl", *argv],
+                          cwd=REPO_ROOT, env=hermetic_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert isinstance(json.loads(done.stdout)["total"]["num_blocks"], int)
+
+
+def test_an_option_after_the_command_wins_over_one_before() -> None:
+    from pagedserve.cli.pagedctl import build_parser
+    args = build_parser().parse_args(["--target", "a:1", "--json", "audit", "--target", "b:2"])
+    assert (args.target, args.json, args.token, args.timeout) == ("b:2", True, "", 10.0)
+    args = build_parser().parse_args(["audit", "--json"])
+    assert (args.target, args.json) == ("127.0.0.1:50052", True)
+
+
+def test_json_prints_integers_as_numbers(server: AllocatorProcess,
+                                         stub: pb_grpc.AllocatorStub) -> None:
+    """proto3 JSON writes 64-bit integers as strings; pagedctl's JSON is for scripts."""
+    register(stub, "json-numbers", num_blocks=2, block_size=4)
+    (pool,) = json.loads(pagedctl(server.target, "stats", "--executor", "json-numbers",
+                                  "--json").stdout)["pools"]
+    assert {key: pool[key] for key in ("num_blocks", "num_used_blocks", "tokens_stored",
+                                       "slots_allocated", "block_size")} == {
+        "num_blocks": 2, "num_used_blocks": 0, "tokens_stored": 0, "slots_allocated": 0,
+        "block_size": 4}
+    dumped = json.loads(pagedctl(server.target, "blocks", "json-numbers", "--json").stdout)
+    assert [(b["block_id"], b["ref_count"]) for b in dumped["blocks"]] == [(0, 0), (1, 0)]
+
+
+def test_events_into_a_closed_pipe_end_quietly(allocator: AllocatorProcess) -> None:
+    """`pagedctl --json events --follow | head -1`: no BrokenPipeError traceback."""
+    stub = pb_grpc.AllocatorStub(allocator.channel())
+    register(stub, "pipe-a", num_blocks=2, block_size=4)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "pagedserve.cli.pagedctl", "--target", allocator.target,
+         "--json", "events", "--follow"], cwd=REPO_ROOT, env=hermetic_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None
+        assert json.loads(follower.stdout.readline())["executor_id"] == "pipe-a"
+        follower.stdout.close()   # the reader goes away, as `head -1` does
+        for index in range(20):   # the next event the follower prints finds the pipe closed
+            register(stub, f"pipe-{index}", num_blocks=2, block_size=4)
+            if follower.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert follower.wait(timeout=10) == 141
+        assert follower.stderr is not None and follower.stderr.read() == ""
     finally:
         follower.kill()
         follower.wait()
