@@ -222,7 +222,9 @@ def announce(allocator: SupervisedProcess, executors: Sequence[SupervisedProcess
 def demo(gateway: SupervisedProcess, prompt: str, api_key: str) -> None:
     print(f"demo generation through the gateway: {prompt!r}\n", flush=True)
     with GatewayClient(gateway.address, api_key=api_key, timeout_s=120) as client:
-        generation = client.stream(prompt, max_tokens=DEMO_MAX_TOKENS)
+        # Sampled from random weights, the demo would draw end-of-sequence early now and then;
+        # it shows a whole generation instead.
+        generation = client.stream(prompt, max_tokens=DEMO_MAX_TOKENS, ignore_eos=True)
         for delta in generation:
             print(printable(delta.text), end="", flush=True)
     usage = generation.usage
