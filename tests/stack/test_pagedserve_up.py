@@ -72,6 +72,28 @@ def start_serving(*args: str) -> tuple[subprocess.Popen[str], list[str]]:
     return process, lines
 
 
+def test_ctrl_c_stops_a_serving_stack_gracefully() -> None:
+    """SIGINT to `up` alone (as `kill -INT` sends it): the same order as a terminal's Ctrl-C."""
+    process, lines = start_serving()
+    try:
+        process.send_signal(signal.SIGINT)
+        rest, errors = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, errors[-3000:]
+    assert shutdown_order("".join(lines) + rest) == ["gateway", "executor-0", "allocator"]
+
+
+def test_up_fails_with_the_log_tail_when_a_service_cannot_start() -> None:
+    # A port in use is caught before anything starts (below); a flag the allocator refuses at
+    # start is not, and its own words must reach the user.
+    run = up(*FREE_PORTS, "--state-url", "http://127.0.0.1:1/0", "--exit-when-ready")
+    assert run.returncode == 1
+    assert ("allocator exited before it printed its address (exit code 1); last lines of its "
+            "log:") in run.stderr
+    assert "--state-url must be a redis://, rediss:// or unix:// URL" in run.stderr
+
+
 def test_ctrl_c_to_the_whole_process_group_stops_in_order() -> None:
     """A terminal's Ctrl-C signals its whole foreground process group. The services are not in
     it, so `up` alone decides the order: gateway, executor, allocator, and the gateway never
