@@ -36,6 +36,9 @@ class EngineOptions:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     lookahead_slots: int = 4
+    # Steps only when the allocator must act (scheduler.py); False: an Append per sequence
+    # per iteration, the protocol before sparse Steps.
+    sparse_steps: bool = True
     sampler_seed: int | None = None
 
 
@@ -78,7 +81,8 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
                                   lookahead_slots=options.lookahead_slots)
     kv_cache = allocate_kv_cache(spec, device)
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
-                                options.max_num_batched_tokens, options.lookahead_slots)
+                                options.max_num_batched_tokens, options.lookahead_slots,
+                                options.sparse_steps)
     engine = Engine(model, kv_cache, allocator, scheduler,
                     max_model_len=max_model_len, eos_token_ids=config.eos_token_ids,
                     sampler_seed=options.sampler_seed)

@@ -1,7 +1,7 @@
 """The engine: requests in, token deltas out, one iteration per `step()`.
 
-An iteration plans (scheduler.py), sends its block ops in one Step, computes (model_runner.py)
-and samples (sampler.py). When nothing in the forward pass depends on the Step's answer (every
+An iteration plans (scheduler.py), sends its block ops in one Step when it has any (a steady
+decode mostly has none: Steps are sparse), computes (model_runner.py) and samples (sampler.py). When nothing in the forward pass depends on the Step's answer (every
 running sequence already has its slots mirrored, nothing is admitted, forked or copied), the
 forward pass runs while the Step is in flight and the answer is mirrored afterwards: that is
 how lookahead keeps decode off the allocator's critical path.
@@ -45,6 +45,8 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.outputs = OutputCollector()
         self._arrivals = itertools.count()
+        # Iterations run, and Steps sent to the allocator (fewer: most decodes need none).
+        self.num_iterations = 0
         self.num_steps = 0
 
     # -- requests -------------------------------------------------------------------------------
@@ -128,17 +130,23 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.plan()
+        if not plan.ops and not plan.work:
+            return self.outputs.drain()
+        self.num_iterations += 1
+        # A steady decode mostly has nothing for the allocator: then no Step goes out at all.
+        handle = None
         if plan.ops:
             self.num_steps += 1
             handle = self.allocator.submit(plan.block_ops())
-            if plan.needs_answer:
+        if plan.needs_answer:
+            self._apply(plan, handle.result())
+            logits, sampled = self.runner.execute(plan.work, plan.copies)
+        else:
+            logits, sampled = self.runner.execute(plan.work, plan.copies)
+            if handle is not None:
                 self._apply(plan, handle.result())
-                logits, sampled = self.runner.execute(plan.work, plan.copies)
-            else:
-                logits, sampled = self.runner.execute(plan.work, plan.copies)
-                self._apply(plan, handle.result())
-            if logits is not None:
-                self._sample(logits, sampled)
+        if logits is not None:
+            self._sample(logits, sampled)
         return self.outputs.drain()
 
     def _apply(self, plan: StepPlan, result) -> None:

@@ -9,10 +9,22 @@ Every iteration (`plan`):
    (`max_num_batched_tokens`), a prompt still being computed gets a chunk of what is left;
 4. admits waiting requests, oldest first, while budget and `max_num_seqs` allow.
 
-Each running sequence's Append reports its new tokens and its computed mark, and asks for
-`lookahead_slots` beyond the token it is about to write, so a decode normally finds its next
-slot already in its mirrored table and the forward pass does not wait for the allocator. When
-it does wait (lookahead could not be granted in time), that is a stall, counted. When the pool
+Steps are sparse: a decoding sequence sends an Append only when the allocator must act: when
+its reserve of slots ahead falls below one whole block. That Append reports the tokens since
+its last one (the block that just filled is hashed into the prefix cache) and reserves the next
+block, so a steady decode costs one op per sequence per block, not per token:
+
+    block_size 16:   |.... block k ....|.... block k+1 ....|
+                     ^ Append: publishes block k-1, reserves k+1 (16 slots of slack)
+                                       ^ the next Append, 16 tokens later
+
+A prompt chunk, a sequence being forked, and one whose last block may be shared (copy-on-write)
+always send their Append: a sequence never writes into a shared block without the allocator's
+copy instruction. With `sparse_steps` off every running sequence sends an Append every
+iteration, asking for `lookahead_slots` beyond the token it is about to write (the protocol
+before sparse Steps, kept for comparison). Either way a decode normally finds its next slot
+already in its mirrored table and the forward pass does not wait for the allocator. When it
+does wait (the reserve could not be granted in time), that is a stall, counted. When the pool
 is out of blocks for a sequence that has no slot left, the most recently admitted request is
 preempted: freed, requeued at the front, and recomputed later (the prefix cache usually still
 holds most of it).
@@ -33,7 +45,10 @@ class SchedulerConfig:
     block_size: int
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    # Slots an Allocate (and, without sparse Steps, every Append) reserves past its tokens.
     lookahead_slots: int = 4
+    # Send a decoding sequence's Append only when its reserve drops below a block.
+    sparse_steps: bool = True
 
 
 class Scheduler:
@@ -116,10 +131,16 @@ class Scheduler:
         """Plans one running (or being-forked) sequence; returns the tokens it computes."""
         chunk = 1 if seq.is_decoding else min(seq.num_uncomputed, budget)
         end = seq.num_computed + chunk
-        lookahead = self.config.lookahead_slots if end == len(seq.token_ids) else 0
-        plan.append(seq, lookahead)
         blocked = seq.fork_parent is not None or seq.may_copy_on_write or \
             seq.capacity(self.config.block_size) < end
+        if self.config.sparse_steps and seq.is_decoding:
+            # The reserve: the slots past the token written now, one whole block of them.
+            reserve = self.config.block_size
+            if blocked or seq.capacity(self.config.block_size) < end + reserve:
+                plan.append(seq, reserve)
+        else:
+            lookahead = self.config.lookahead_slots if end == len(seq.token_ids) else 0
+            plan.append(seq, lookahead)
         if blocked:
             plan.needs_answer = True
             if seq.is_decoding and seq.fork_parent is None and not seq.may_copy_on_write:

@@ -1,0 +1,122 @@
+"""Sparse Steps: a steady decode sends the allocator one Append per sequence per block, not per
+token, and copy-on-write stays exact: no sequence ever writes into a block another sequence
+shares. The answers equal those of the per-token protocol (`sparse_steps=False`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from allocator_service.core.audit import audit_pool
+from allocator_service.local_block_allocator import LocalBlockAllocator
+from executor_service.engine.build import EngineOptions, build_engine
+from executor_service.engine.offline import generate
+from executor_service.engine.request import SequenceStatus
+from pagedserve.protocol.block_ops import AppendOp
+from pagedserve.protocol.sampling_params import SamplingParams
+from tests.support.model_checkpoints import random_prompts, write_checkpoint
+
+BLOCK = 16
+DECODING = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return write_checkpoint("llama", tmp_path_factory.mktemp("llama"))
+
+
+def engine_for(checkpoint: Path, **options):
+    return build_engine(checkpoint, EngineOptions(num_blocks=256, block_size=BLOCK, **options),
+                        LocalBlockAllocator())
+
+
+class OpCounter:
+    """Counts what an engine sends its allocator: Steps and Append ops."""
+
+    def __init__(self, engine) -> None:
+        self.steps = self.appends = 0
+        submit = engine.allocator.submit
+
+        def counted(ops):
+            self.steps += 1
+            self.appends += sum(isinstance(op, AppendOp) for op in ops)
+            return submit(ops)
+
+        engine.allocator.submit = counted
+
+
+def decode_steadily(engine, num_seqs: int, prompt_len: int) -> None:
+    """Admits `num_seqs` greedy requests and steps until every one is decoding."""
+    for index, prompt in enumerate(random_prompts([prompt_len] * num_seqs, seed=3)):
+        engine.add_request(f"r{index}", prompt, DECODING)
+    while any(seq.status is not SequenceStatus.RUNNING or not seq.is_decoding
+              for request in engine.requests.values() for seq in request.sequences):
+        engine.step()
+
+
+@pytest.mark.parametrize("sparse, appends_per_iteration", [(True, 32 / BLOCK), (False, 32)])
+def test_a_steady_decode_sends_one_append_per_sequence_per_block(checkpoint, sparse,
+                                                                 appends_per_iteration):
+    engine = engine_for(checkpoint, sparse_steps=sparse)
+    decode_steadily(engine, num_seqs=32, prompt_len=9)
+    # The first decodes publish the prompt and bring each reserve onto a block boundary.
+    for _ in range(BLOCK):
+        engine.step()
+    counter = OpCounter(engine)
+    stalls = engine.scheduler.num_stalls
+    iterations = 4 * BLOCK
+    for _ in range(iterations):
+        engine.step()
+    assert counter.appends == appends_per_iteration * iterations
+    assert engine.scheduler.num_stalls == stalls == 0
+    if sparse:
+        # Every sequence's Append falls in the same iterations: a Step every 16th one.
+        assert counter.steps == iterations // BLOCK
+
+
+def test_every_full_block_reaches_the_prefix_cache_when_the_next_is_reserved(checkpoint):
+    engine = engine_for(checkpoint)
+    decode_steadily(engine, num_seqs=1, prompt_len=9)
+    for _ in range(3 * BLOCK):
+        engine.step()
+    (seq,) = engine.requests["r0"].sequences
+    recorded = engine.allocator.pool.sequences[seq.seq_id]
+    # The allocator knows the tokens up to the last Append, and has hashed every block that
+    # was full and computed then; the executor is never more than a block ahead of it.
+    assert recorded.num_tokens == seq.num_reported
+    assert recorded.num_hashed_blocks == recorded.num_computed_tokens // BLOCK
+    assert seq.num_computed // BLOCK - recorded.num_hashed_blocks <= 1
+
+
+@pytest.mark.parametrize("lookahead_slots", [4, BLOCK])
+def test_no_sequence_writes_into_a_block_another_shares(checkpoint, lookahead_slots):
+    """n > 1 forks share the prompt's blocks, the last one partly filled; prefix-cache hits
+    share full blocks. Before every forward pass, each slot written must lie in a block of
+    reference count 1, as the allocator's own pool says. With a whole block reserved at
+    admission a forked child already holds its next slots: only copy-on-write makes it ask."""
+    engine = engine_for(checkpoint, lookahead_slots=lookahead_slots)
+    pool = engine.allocator.pool
+    written_shared: list[tuple[str, int]] = []
+    execute = engine.runner.execute
+
+    def checked(work, copies):
+        for seq, chunk in work:
+            for position in range(seq.num_computed, seq.num_computed + chunk):
+                block = seq.block_table[position // BLOCK]
+                if pool.blocks.blocks[block].ref_count != 1:
+                    written_shared.append((seq.seq_id, block))
+        return execute(work, copies)
+
+    engine.runner.execute = checked
+    shared, other = random_prompts([40, 23], seed=9)
+    prompts = [shared, shared + [5, 6, 7], other, shared]
+    params = [SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=35, ignore_eos=True),
+              SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=30, ignore_eos=True),
+              SamplingParams(n=2, temperature=1.0, seed=13, max_tokens=20, ignore_eos=True)]
+    sparse = generate(engine, prompts, params)
+    assert written_shared == []
+    assert audit_pool("local", pool) == []
+    per_token = generate(engine_for(checkpoint, sparse_steps=False,
+                                    lookahead_slots=lookahead_slots), prompts, params)
+    assert [c.choices for c in sparse] == [c.choices for c in per_token]
