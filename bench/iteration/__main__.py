@@ -15,7 +15,7 @@ code is not changed. Contenders are EngineOptions overrides (workload.CONTENDERS
 own engine, built once, and every contender runs every batch size once per round, the order
 rotating. Reported per batch size and contender: median and mean ms per iteration of each phase,
 the total, the host time outside the forward pass, allocator ops and Steps per iteration, and
-the others' means over the first contender's. Writes the `## Iteration` section of
+the others' medians over the first contender's. Writes the `## Iteration` section of
 docs/benchmarks.md (report.py) and docs/img/iteration_bench.png (plot.py); `--results-dir` also
 keeps every timed iteration as iteration_bench.json.
 

@@ -22,9 +22,14 @@ before `sampler.sample` is sampling's, recording each token and checking it for 
 `outputs.drain` is output handling's), and the time after the last call to output handling.
 A wrapped call made inside another (a Step sent while mirroring, when a preemption makes room)
 belongs to the outer one's phase; only its ops and its Step are counted.
+
+Python's garbage collector runs wherever an allocation crosses its threshold, so its pauses land
+in whichever phase allocated last; a `gc.callbacks` hook measures them apart, as `gc_ns` (already
+inside the phases, not added to them).
 """
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,11 +49,14 @@ LEAD_IN = {PLAN: PLAN, STEP: STEP, MIRROR: MIRROR, EXECUTE: PREP, SAMPLING: SAMP
 @dataclass(slots=True)
 class Iteration:
     """One timed iteration: nanoseconds per phase (they add up to `total_ns`), the block ops it
-    sent and in how many Steps."""
+    sent and in how many Steps, and the garbage collector's pauses inside it (part of the
+    phases)."""
     total_ns: int
     phase_ns: dict[str, int]
     ops: int
     steps: int
+    gc_ns: int = 0
+    collections: int = 0
 
 
 @dataclass(slots=True)
@@ -60,6 +68,9 @@ class Recorder:
     ops: int = 0
     steps: int = 0
     depth: int = 0
+    gc_ns: int = 0
+    collections: int = 0
+    gc_started: int = 0
     iterations: list[Iteration] = field(default_factory=list)
 
     def timed(self, phase: str, call: Callable) -> Callable:
@@ -97,14 +108,22 @@ class Recorder:
     def iteration(self, step: Callable) -> Callable:
         def wrapper():
             self.events.clear()
-            self.forward_ns = self.ops = self.steps = 0
+            self.forward_ns = self.ops = self.steps = self.gc_ns = self.collections = 0
             start = self.now()
             outputs = step()
             end = self.now()
             self.iterations.append(Iteration(end - start, self.split(start, end), self.ops,
-                                             self.steps))
+                                             self.steps, self.gc_ns, self.collections))
             return outputs
         return wrapper
+
+    def collecting(self, phase: str, info: dict) -> None:
+        """A gc.callbacks hook: each collection's pause."""
+        if phase == "start":
+            self.gc_started = self.now()
+        else:
+            self.gc_ns += self.now() - self.gc_started
+            self.collections += 1
 
     def split(self, start: int, end: int) -> dict[str, int]:
         """The iteration cut into contiguous phases at its events (module docstring)."""
@@ -160,6 +179,7 @@ def probed(engine: Engine, recorder: Recorder) -> Iterator[Recorder]:
     runner.model = TimedModel(model, recorder)
     engine.sampler.sample = recorder.timed(SAMPLING, engine.sampler.sample)
     engine.outputs.drain = recorder.timed(OUTPUT, engine.outputs.drain)
+    gc.callbacks.append(recorder.collecting)
     try:
         yield recorder
     finally:
@@ -167,3 +187,4 @@ def probed(engine: Engine, recorder: Recorder) -> Iterator[Recorder]:
         del engine.step, scheduler.plan, allocator.submit, scheduler.apply, runner.execute
         del engine.sampler.sample, engine.outputs.drain
         runner.model = model
+        gc.callbacks.remove(recorder.collecting)

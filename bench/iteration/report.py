@@ -53,6 +53,9 @@ class Results:
     def mean_ms(self, batch: int, label: str, phase: str) -> float:
         return statistics.fmean(self.series(batch, label, phase_of(phase))) / 1e6
 
+    def median_ms(self, batch: int, label: str, phase: str) -> float:
+        return statistics.median(self.series(batch, label, phase_of(phase))) / 1e6
+
 
 def phase_of(phase: str) -> Callable[[Iteration], float]:
     """Nanoseconds of a phase, of the total or of the host time outside the forward."""
@@ -71,6 +74,11 @@ def ms(value_ns: float) -> str:
     return f"{value_ns / 1e6:.3f}"
 
 
+def count(value: float) -> str:
+    """A mean count: whole numbers as such, others to two places."""
+    return f"{value:.0f}" if value == int(value) else f"{value:.2f}"
+
+
 def ratio(value: float, reference: float) -> str:
     return f"{value / reference:.2f}×" if reference else "—"
 
@@ -78,20 +86,20 @@ def ratio(value: float, reference: float) -> str:
 def batch_grid(r: Results, batch: int, markdown: bool = False
                ) -> tuple[list[str], list[list[str]]]:
     """One batch size: phases down, each contender's median and mean across, ms per iteration;
-    then the others' means over the reference's. The total rows in bold on the page."""
+    then the others' medians over the reference's. The total rows in bold on the page."""
     labels = r.labels
     header = ["ms per iteration"] + [f"{label}: {stat}" for label in labels
                                      for stat in ("median", "mean")]
-    header += [f"{label} / {labels[0]} (mean)" for label in labels[1:]]
+    header += [f"{label} / {labels[0]} (median)" for label in labels[1:]]
 
     def row(name: str, of: Callable[[Iteration], float], shown: Callable[[float], str]
             ) -> list[str]:
-        cells, means = [name], []
+        cells, medians = [name], []
         for label in labels:
             values = r.series(batch, label, of)
-            means.append(statistics.fmean(values))
-            cells += [shown(statistics.median(values)), shown(means[-1])]
-        return cells + [ratio(mean, means[0]) for mean in means[1:]]
+            medians.append(statistics.median(values))
+            cells += [shown(medians[-1]), shown(statistics.fmean(values))]
+        return cells + [ratio(median, medians[0]) for median in medians[1:]]
 
     rows = [row(PHASE_LABELS[phase], phase_of(phase), ms) for phase in PHASES]
     bold = "**" if markdown else ""
@@ -100,10 +108,12 @@ def batch_grid(r: Results, batch: int, markdown: bool = False
     host = phase_of(HOST)
     rows.append(row("host time outside the forward per sequence (µs)",
                     lambda iteration: host(iteration) / batch / 1e3, lambda v: f"{v:.1f}"))
-    rows.append(row("allocator ops per iteration", lambda iteration: iteration.ops,
-                    lambda v: f"{v:g}"))
-    rows.append(row("Steps per iteration", lambda iteration: iteration.steps,
-                    lambda v: f"{v:g}"))
+    rows.append(row("of which garbage collection, inside the phases above",
+                    lambda iteration: iteration.gc_ns, ms))
+    rows.append(row("garbage collections per iteration",
+                    lambda iteration: iteration.collections, count))
+    rows.append(row("allocator ops per iteration", lambda iteration: iteration.ops, count))
+    rows.append(row("Steps per iteration", lambda iteration: iteration.steps, count))
     rounds = ["total: median of each round"]
     for label in labels:
         rounds += [" / ".join(ms(statistics.median(i.total_ns for i in run.iterations))
@@ -113,22 +123,24 @@ def batch_grid(r: Results, batch: int, markdown: bool = False
 
 
 def summary_grid(r: Results) -> tuple[list[str], list[list[str]]]:
-    """Every batch size and contender on one line each: means per iteration."""
-    header = ["batch", "contender", "total (ms)", "forward (ms)", "outside the forward (ms)",
-              "outside, share", "outside, per sequence (µs)", "ops / iteration",
-              "Steps / iteration", "stalls", "preemptions"]
+    """Every batch size and contender on one line each: medians per iteration (robust to a
+    shared machine's slow spells), and the mean total."""
+    header = ["batch", "contender", "total (ms)", "mean total (ms)", "forward (ms)",
+              "outside the forward (ms)", "outside, share", "outside, per sequence (µs)",
+              "ops / iteration", "Steps / iteration", "stalls", "preemptions"]
     rows = []
     for batch in r.settings.batch_sizes:
         for label in r.labels:
-            total = r.mean_ms(batch, label, TOTAL)
-            host = r.mean_ms(batch, label, HOST)
+            total, forward, host = (r.median_ms(batch, label, phase)
+                                    for phase in (TOTAL, FORWARD, HOST))
             iterations = r.iterations(batch, label)
             runs = r.runs[batch, label]
             rows.append([
-                str(batch), label, f"{total:.3f}", f"{r.mean_ms(batch, label, FORWARD):.3f}",
-                f"{host:.3f}", f"{host / total:.0%}", f"{host / batch * 1e3:.1f}",
-                f"{statistics.fmean(i.ops for i in iterations):g}",
-                f"{statistics.fmean(i.steps for i in iterations):g}",
+                str(batch), label, f"{total:.3f}", f"{r.mean_ms(batch, label, TOTAL):.3f}",
+                f"{forward:.3f}", f"{host:.3f}", f"{host / total:.0%}",
+                f"{host / batch * 1e3:.1f}",
+                count(statistics.fmean(i.ops for i in iterations)),
+                count(statistics.fmean(i.steps for i in iterations)),
                 str(sum(run.stalls for run in runs)), str(sum(run.preemptions for run in runs))])
     return header, rows
 
@@ -186,7 +198,8 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
         report.markdown_grid(*summary_grid(r)),
     ]
     for batch in r.settings.batch_sizes:
-        lines += ["", f"Batch {batch}:", "", report.markdown_grid(*batch_grid(r, batch, markdown=True))]
+        lines += ["", f"Batch {batch}:", "",
+                  report.markdown_grid(*batch_grid(r, batch, markdown=True))]
     lines += ["", report.markdown_table(sanity_rows(r))]
     if png is not None:
         lines += ["", report.image_link(png, md, "iteration benchmark")]
@@ -204,7 +217,8 @@ def write_json(r: Results, directory: Path) -> Path:
                   "rounds": [{"stalls": run.stalls, "preemptions": run.preemptions,
                               "decoding": run.decoding,
                               "iterations": [{"total_ns": i.total_ns, "ops": i.ops,
-                                              "steps": i.steps, **i.phase_ns}
+                                              "steps": i.steps, "gc_ns": i.gc_ns,
+                                              "collections": i.collections, **i.phase_ns}
                                              for i in run.iterations]}
                              for run in runs]}
                  for (batch, label), runs in r.runs.items()],
