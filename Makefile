@@ -59,6 +59,7 @@ bench: $(INSTALLED) redis-server
 	$(BIN)/python -m bench.allocator
 	$(BIN)/python -m bench.durability
 	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.iteration
 	$(BIN)/python -m bench.memory
 	$(BIN)/python -m bench.sharing
 	$(BIN)/python -m bench.serve
