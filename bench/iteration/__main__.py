@@ -5,7 +5,7 @@ configuration) side by side.
 
     .venv/bin/python -m bench.iteration                      # CPU, embedded model
     .venv/bin/python -m bench.iteration --quick              # smoke run; writes nothing unless told
-    .venv/bin/python -m bench.iteration --contenders current # only some contenders
+    .venv/bin/python -m bench.iteration --contenders sparse  # only some contenders
 
 Each run submits a batch of short prompts (uniform in [16, 32] tokens) to an in-process engine,
 greedy with end-of-sequence ignored, steps until every sequence decodes, runs a few untimed

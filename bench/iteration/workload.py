@@ -13,8 +13,10 @@ SEED = 20240917
 # BASE_OPTIONS. The first one is the reference the others' ratios are taken against. Adding a
 # configuration to compare is one line here; `--contenders` picks which of them run.
 CONTENDERS: dict[str, dict] = {
-    "current": {},
-    # "per-token Steps": {"sparse_steps": False},   # once EngineOptions has sparse_steps
+    # The protocol before sparse Steps: an Append per running sequence per iteration.
+    "per-token": {"sparse_steps": False},
+    # Sparse Steps (the default): a decoding sequence appends once per block.
+    "sparse": {},
 }
 
 # What every contender shares: the embedded model in float32 on the CPU, the default cache

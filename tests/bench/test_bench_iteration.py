@@ -36,11 +36,16 @@ def test_iteration_bench_quick_run_prints_its_tables_and_writes_nothing_by_defau
     for row in PHASE_ROWS:
         assert row in run.stdout
     summary = [line.split() for line in run.stdout.splitlines()
-               if line.split()[:2] in (["1", "current"], ["4", "current"])]
-    # batch, contender, ..., ops / iteration, Steps / iteration, stalls, preemptions: one Append
-    # per decoding sequence today (a sparser protocol may send fewer), and nothing preempted.
-    assert [(row[0], row[-1]) for row in summary] == [("1", "0"), ("4", "0")], summary
-    assert all(float(row[-4]) <= int(row[0]) for row in summary), summary
+               if line.split()[:1] in (["1"], ["4"])
+               and line.split()[1:2] in (["per-token"], ["sparse"])]
+    # batch, contender, ..., ops / iteration, Steps / iteration, stalls, preemptions: the
+    # per-token protocol sends one Append per decoding sequence per iteration, sparse Steps at
+    # most that, and nothing is preempted.
+    assert sorted((row[0], row[1], row[-1]) for row in summary) == [
+        ("1", "per-token", "0"), ("1", "sparse", "0"), ("4", "per-token", "0"),
+        ("4", "sparse", "0")], summary
+    assert all(float(row[-4]) == int(row[0]) for row in summary if row[1] == "per-token")
+    assert all(float(row[-4]) <= int(row[0]) for row in summary if row[1] == "sparse")
     for sanity in ("runs whose every sequence decoded through the timed iterations",
                    "runs that timed 5 iterations", "preemptions in timed iterations"):
         line = next(line for line in run.stdout.splitlines() if line.startswith(sanity))
@@ -51,19 +56,19 @@ def test_iteration_bench_quick_run_prints_its_tables_and_writes_nothing_by_defau
 
 def test_iteration_bench_quick_run_writes_its_section_plot_and_raw_results_when_told(
         tmp_path: Path) -> None:
-    run = run_quick(tmp_path, "--contenders", "current", "--out-md", "out/bench.md",
+    run = run_quick(tmp_path, "--contenders", "sparse", "--out-md", "out/bench.md",
                     "--out-png", "out/iteration.png", "--results-dir", "raw")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     page = (tmp_path / "out" / "bench.md").read_text()
     assert "\n## Iteration\n" in page
     assert "[Iteration: how it is measured](#iteration-how-it-is-measured)" in page
-    assert "Command: `.venv/bin/python -m bench.iteration --quick --contenders current" in page
+    assert "Command: `.venv/bin/python -m bench.iteration --quick --contenders sparse" in page
     assert "Batch 1:" in page and "Batch 4:" in page
     assert "**total: one `engine.step()`**" in page
     assert "![iteration benchmark](iteration.png)" in page
     assert (tmp_path / "out" / "iteration.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     raw = json.loads((tmp_path / "raw" / "iteration_bench.json").read_text())
-    assert raw["contenders"] == {"current": {}}
+    assert raw["contenders"] == {"sparse": {}}
     assert sorted(entry["batch"] for entry in raw["runs"]) == [1, 4]
     for entry in raw["runs"]:
         for iteration in entry["rounds"][0]["iterations"]:
@@ -148,7 +153,9 @@ def test_measure_batch_times_steady_decode_and_leaves_the_engine_as_it_was() -> 
     assert (run.decoding, run.preemptions) == (3, 0)
     for iteration in run.iterations:
         assert sum(iteration.phase_ns.values()) == iteration.total_ns
-        assert iteration.phase_ns[FORWARD] > 0 and iteration.steps >= 1
+        assert iteration.phase_ns[FORWARD] > 0
+        # Sparse Steps: an iteration sends a Step only when some sequence must append.
+        assert iteration.steps == (iteration.ops > 0) and iteration.ops <= 3
     # The wrappers are gone: the classes' methods again, the runner's own model, and the batch
     # aborted and freed.
     for instance, name in ((engine, "step"), (engine.scheduler, "plan"),
