@@ -24,7 +24,7 @@ from executor_service.engine.request_output import RequestOutput
 from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
 from executor_service.engine.step_plan import StepPlan, append_op
-from executor_service.engine.stop_check import finish_reason
+from executor_service.engine.stop_check import finish_reason_after
 from executor_service.model.causal_lm import CausalLM
 from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
 from pagedserve.protocol.block_ops import FreeOp, OpStatus
@@ -186,8 +186,10 @@ class Engine:
             fanout = request.params.n if seq.index == 0 and not request.forked else 1
             for index in range(fanout):
                 generator = seq.generator if index == 0 else self._child_generator(request, index)
-                rows.append(SamplingRow(request.params, request.prompt_token_ids,
-                                        seq.output_token_ids, generator))
+                # Only the penalties read the output: no copy of it for rows without any.
+                output = seq.output_token_ids if request.params.has_penalties else ()
+                rows.append(SamplingRow(request.params, request.prompt_token_ids, output,
+                                        generator))
                 owners.append((seq, index, generator))
         if not rows:
             return
@@ -232,8 +234,10 @@ class Engine:
 
     def _record(self, seq: Sequence, token: int, logprobs) -> None:
         self.outputs.token(seq, token, logprobs)
-        reason = finish_reason(seq.request.params, seq.output_token_ids, self.eos_token_ids,
-                               num_tokens=len(seq.token_ids), max_model_len=self.max_model_len)
+        num_tokens = len(seq.token_ids)
+        reason = finish_reason_after(seq.request.params, token,
+                                     num_tokens - seq.num_prompt_tokens, self.eos_token_ids,
+                                     num_tokens=num_tokens, max_model_len=self.max_model_len)
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self.outputs.finished(seq)

@@ -40,6 +40,8 @@ class SamplingRow:
     """One sequence that needs its next token."""
     params: SamplingParams
     prompt_token_ids: Sequence[int]
+    # The tokens generated so far; read only by the penalties (the engine passes () for a row
+    # whose params have none, sparing a copy of every output every iteration).
     output_token_ids: Sequence[int]
     # The sequence's own generator when its request has a seed, on the logits' device (see
     # make_generator); it lives as long as the sequence. None: the sampler's shared generator.

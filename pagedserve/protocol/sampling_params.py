@@ -65,6 +65,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def has_penalties(self) -> bool:
+        """Whether sampling reads the tokens generated so far (repetition, presence or
+        frequency penalties)."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
     def validate(self, vocab_size: int) -> None:
         """Raises InvalidSamplingParams naming the first field out of range and its range."""
         # Each check states what must hold, so NaN (false in every comparison) fails it.
