@@ -169,8 +169,7 @@ def measure_workload(name: str, preset: Preset, venv: Path, args: argparse.Names
             (work / f"{name}-greedy.json").write_text(json.dumps(
                 {"prompts": prompts, "texts": texts}, indent=1) + "\n")
             for round_index in range(preset.rounds):
-                order = CONTENDERS if round_index % 2 == 0 else CONTENDERS[::-1]
-                for position, contender in enumerate(order):
+                for position, contender in enumerate(round_order(round_index)):
                     progress.set_description(
                         f"{name}: round {round_index + 1}/{preset.rounds}: {contender}")
                     outcome = run_bench(
@@ -181,6 +180,11 @@ def measure_workload(name: str, preset: Preset, venv: Path, args: argparse.Names
                     result.runs.append(Run(contender, round_index, position, outcome))
                     progress.update()
     return result
+
+
+def round_order(round_index: int) -> tuple[str, ...]:
+    """Who goes first alternates: a shared machine's slow phases fall on both in turn."""
+    return CONTENDERS if round_index % 2 == 0 else CONTENDERS[::-1]
 
 
 def count_parameters(model_dir: Path) -> int:
