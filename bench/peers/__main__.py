@@ -139,7 +139,7 @@ def measure(preset: Preset, venv: Path, args: argparse.Namespace, work: Path) ->
     server = {key: value for key, value in dataclasses.asdict(base).items()
               if key not in ("model_dir", "served_name", "startup_timeout_s")}
     vllm_version = json.loads((venv / install.MARKER).read_text())["vllm"]
-    results = Results(preset.client, server, preset.rounds, vllm_version)
+    results = Results(preset.client, server, preset.rounds, vllm_version, quick=args.quick)
     total = len(preset.workloads) * preset.rounds * len(CONTENDERS)
     with tqdm(total=total, unit="run", file=sys.stderr, desc="peers") as progress:
         for name in preset.workloads:

@@ -15,6 +15,8 @@ from bench.peers.stacks import CONTENDERS, PAGEDSERVE, VLLM
 
 LABELS = {PAGEDSERVE: "pagedserve", VLLM: "vLLM"}
 JSON_NAME = "peers_bench.json"
+QUICK_NOTE = ("A validation run (--quick: few prompts, one round), which proves the path end to "
+              "end; not the measurement (`make bench-peers`).")
 # Below this (ms, tokens/s) a figure is printed but not divided.
 MEANINGFUL = 0.05
 
@@ -59,6 +61,8 @@ class Results:
     rounds: int
     vllm_version: str
     workloads: list[WorkloadResult] = field(default_factory=list)
+    # Set for a --quick run, whose section says it is a smoke run, not the measurement.
+    quick: bool = False
 
 
 # (label, how to read it from a BenchResult, format); ratios are pagedserve over vLLM.
@@ -137,6 +141,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
         textwrap.fill(machine, 100), "",
         f"Command: `{report.command_line()}`", "",
         report.method_link("Peers"), "",
+        *([f"**{QUICK_NOTE}**", ""] if r.quick else []),
         *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in ratio_lines(r)),
     ]
@@ -149,7 +154,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
 
 
 def terminal_text(r: Results) -> str:
-    parts = []
+    parts = [QUICK_NOTE, ""] if r.quick else []
     for w in r.workloads:
         parts += [workload_title(w).replace("`", ""), report.text_grid(*workload_grid(w)),
                   agreement_line(w), ""]
@@ -158,7 +163,7 @@ def terminal_text(r: Results) -> str:
 
 def to_json(r: Results) -> dict:
     return {"client": asdict(r.client), "server": r.server, "rounds": r.rounds,
-            "vllm_version": r.vllm_version,
+            "vllm_version": r.vllm_version, "quick": r.quick,
             "workloads": [{"name": w.name, "model": w.model, "num_parameters": w.num_parameters,
                            "vocab_size": w.vocab_size,
                            "agreement": None if w.agreement is None else asdict(w.agreement),
@@ -170,7 +175,7 @@ def to_json(r: Results) -> dict:
 
 def from_json(data: dict) -> Results:
     results = Results(ClientSettings(**data["client"]), data["server"], data["rounds"],
-                      data["vllm_version"])
+                      data["vllm_version"], quick=data.get("quick", False))
     for w in data["workloads"]:
         runs = [Run(run.pop("contender"), run.pop("round"), run.pop("position"),
                     BenchResult.from_json(run)) for run in (dict(x) for x in w["runs"])]

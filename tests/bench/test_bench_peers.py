@@ -112,6 +112,9 @@ def test_section_plot_and_json_from_fabricated_results(tmp_path: Path) -> None:
     assert "- **`embedded`: pagedserve / vLLM output tokens/s: 0.50**" in body
     assert "![peer benchmark](img/peers.png)" in body
     assert "vLLM 0.32.0+cpu" in body and "Each contender served each workload twice" in body
+    assert "validation run" not in body
+    results.quick = True
+    assert "**A validation run (--quick" in peers_report.section_body(results, png, md)
     path = peers_report.write_json(results, tmp_path / "raw")
     again = peers_report.from_json(json.loads(path.read_text()))
     assert again == results
