@@ -43,6 +43,8 @@ def write_plot(r: Results, path: Path) -> None:
     throughput.set_title("throughput (higher is better)")
     tpot.set_ylabel("time per output token, ms (bar: median, dot: p99)")
     tpot.set_title("TPOT (lower is better)")
+    tpot.set_ylim(0, max(w.median(name, lambda res: res.latency_ms["tpot"]["p99"])
+                         for w in r.workloads for name in CONTENDERS) * 1.45)
     c = r.client
     figure.suptitle(f"pagedserve vs vLLM {r.vllm_version} (CPU), {report.today()}: "
                     f"{c.num_prompts} prompts × {c.input_len} in / {c.output_len} out, at most "
