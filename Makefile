@@ -16,7 +16,8 @@ PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
 PORT        ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs soak
+.PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs soak \
+        bench-peers
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +71,12 @@ bench: $(INSTALLED) redis-server
 soak: $(INSTALLED) redis-server
 	$(BIN)/python -m bench.soak
 
+# pagedserve against vLLM's CPU build on the same checkpoints with vLLM's own client
+# (bench/peers/): installs the peer into .venv-peer/ on first use (not .venv), then rewrites
+# `## Peers` and its plot. About 20 minutes on 2 cores; not part of `make bench`.
+bench-peers: $(INSTALLED)
+	$(BIN)/python -m bench.peers
+
 # Needs a CUDA GPU (without one it says so and exits 2); rewrites `## Kernels` and its plot.
 bench-kernels: $(INSTALLED)
 	$(BIN)/python -m bench.kernels
@@ -81,4 +88,4 @@ bench-gpu: $(INSTALLED)
 	PYTHON=$(CURDIR)/$(BIN)/python bench/gpu_all.sh $(RESULTS)
 
 clean:
-	rm -rf $(VENV) $(PROTOC_VENV)
+	rm -rf $(VENV) $(PROTOC_VENV) .venv-peer

@@ -5,6 +5,7 @@
 - `durability`: what the Redis journal costs a Step, and the restart after kill -9;
 - `kernels`: the paged decode / prefill Triton kernels (needs a CUDA GPU; `make bench-kernels`);
 - `memory`: KV slots holding tokens, paged against contiguous reservation;
+- `peers`: pagedserve against vLLM's CPU build, with vLLM's own client (`make bench-peers`);
 - `serve`: the whole stack through gRPC and HTTP against the in-process engine;
 - `sharing`: KV blocks saved by fork (parallel sampling) and by the prefix cache;
 - `soak`: minutes of mixed load with cancels and an allocator kill -9 (`make soak`);
