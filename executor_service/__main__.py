@@ -6,6 +6,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import torch
+
 from executor_service.allocator_client import RemoteBlockAllocator
 from executor_service.config import (
     ExecutorConfig, default_advertise_address, default_executor_id, parse_config)
@@ -54,6 +56,8 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     log = setup_logging("executor", config.log_level)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     servicer = ExecutorServicer()
     service = GrpcService(config.server, SERVICE_NAMES,
                           lambda server: pb_grpc.add_ExecutorServicer_to_server(servicer, server))

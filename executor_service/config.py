@@ -31,6 +31,8 @@ class ExecutorConfig:
     served_model_name: str
     engine: EngineOptions
     log_level: str
+    # torch's intra-op threads for the model; 0 leaves torch's default (one per core).
+    torch_threads: int = 0
 
 
 def parse_size(text: str) -> int:
@@ -71,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                             f"name) (env {ENV_PREFIX}_SERVED_MODEL_NAME)")
     model.add_argument("--device", default=env("DEVICE", "cpu"),
                        help=f"cpu, cuda or cuda:N (env {ENV_PREFIX}_DEVICE)")
+    model.add_argument("--torch-threads", type=int, default=env("TORCH_THREADS", 0),
+                       help="torch threads for the model's math; 0: torch's default, one per "
+                            "core (on a machine the gateway and allocator share, fewer leaves "
+                            f"them a core) (env {ENV_PREFIX}_TORCH_THREADS)")
     model.add_argument("--dtype", default=env("DTYPE", "auto"),
                        choices=["auto", "float32", "bfloat16", "float16"],
                        help="weights' dtype; auto: the checkpoint's on a GPU, float32 on the CPU "
@@ -118,6 +124,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
     if isinstance(args.kv_cache_memory, str):
         args.kv_cache_memory = parse_size(args.kv_cache_memory)
     for name, low in (("num_blocks", 0), ("max_model_len", 0), ("max_num_seqs", 1),
+                      ("torch_threads", 0),
                       ("max_num_batched_tokens", 1), ("lookahead_slots", 0)):
         if getattr(args, name) < low:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least {low}")
@@ -149,7 +156,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         advertise_address=args.advertise_address,
         model=Path(args.model) if args.model else None,
         served_model_name=args.served_model_name, engine=engine,
-        log_level=args.log_level)
+        log_level=args.log_level, torch_threads=args.torch_threads)
 
 
 def default_executor_id(port: int) -> str:
