@@ -33,7 +33,9 @@ MAX_NUM_SEQS = 4   # so each executor holds some requests waiting, with no token
 # Short, so the dead pool goes soon, yet well above the longest gap between a live executor's
 # calls to the allocator on a busy 2-core machine (over 2 s seen): only the victim's may lapse.
 LEASE_TTL_S = 5.0
-MAX_TOKENS = 64
+# Long enough that no running stream ends while the queued ones are placed: with sparse Steps
+# a quiet machine decoded 64 tokens before the four were, and the count it waits on fell.
+MAX_TOKENS = 512
 
 
 def start_executor(allocator: AllocatorProcess, executor_id: str, cache) -> ExecutorProcess:
