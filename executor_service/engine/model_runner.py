@@ -31,9 +31,18 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        sampled: list[Sequence] = []
-        sample_rows: list[int] = []
-        for seq, chunk in ordered:
+        block_size = self.block_size
+        # Decode rows first, one token each, every one sampled: the bulk of a steady iteration,
+        # so without the general loop's slices and ranges.
+        for seq in decode:
+            position = seq.num_computed
+            input_ids.append(seq.token_ids[position])
+            positions.append(position)
+            slots.append(seq.block_table[position // block_size] * block_size
+                         + position % block_size)
+        sampled: list[Sequence] = list(decode)
+        sample_rows: list[int] = list(range(len(decode)))
+        for seq, chunk in prefill:
             start = seq.num_computed
             input_ids += seq.token_ids[start:start + chunk]
             span = range(start, start + chunk)
