@@ -34,11 +34,11 @@ from tqdm import tqdm
 
 from bench.peers import checkpoint, install
 from bench.peers import report as peers_report
-from bench.peers.client import (ClientSettings, agreement_prompts, greedy_texts, run_bench)
+from bench.peers.client import ClientSettings, agreement_prompts, greedy_texts, run_bench
 from bench.peers.plot import write_plot
 from bench.peers.report import Agreement, Results, Run, WorkloadResult
-from bench.peers.stacks import (CONTENDERS, PAGEDSERVE, VLLM, PagedserveServer,
-                                ServerSettings, VllmServer)
+from bench.peers.stacks import (CONTENDERS, PAGEDSERVE, VLLM, PagedserveServer, ServerSettings,
+                                VllmServer)
 from bench.report import add_output_flags, output_paths, publish, with_overrides
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 

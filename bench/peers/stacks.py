@@ -25,8 +25,7 @@ from pathlib import Path
 import httpx
 
 from bench.peers.install import peer_env, vllm_command
-from bench.serve.stack import Stack, hermetic_env, quiet
-from pagedserve.cli import up
+from bench.serve.stack import Stack
 from pagedserve.supervisor.supervised import PARENT_WATCH
 
 HOST = "127.0.0.1"
@@ -73,27 +72,9 @@ class PagedserveServer(Stack):
 
     name = PAGEDSERVE
 
-    def __init__(self, settings: ServerSettings) -> None:  # noqa: D107 - Stack's, other flags
-        args = up.build_parser().parse_args([
-            "--allocator-port", "0", "--executor-port", "0", "--port", "0", "--http-port", "0",
-            "--executor-args", shlex.join(pagedserve_executor_flags(settings))])
-        self._args = args
-        self.allocator = quiet(up.allocator_service(args))
-        self.executor = None
-        self.gateway = None
-
-    def _start(self) -> None:
-        env = hermetic_env()
-        self.allocator.start(env)
-        self.allocator.wait_ready()
-        [executor] = up.executor_services(self._args, self.allocator.address)
-        executor.startup_timeout_s = 600.0
-        self.executor = quiet(executor)
-        self.executor.start(env)
-        self.executor.wait_ready()
-        self.gateway = quiet(up.gateway_service(self._args, self.allocator.address))
-        self.gateway.start(env)
-        self.gateway.wait_ready()
+    def __init__(self, settings: ServerSettings) -> None:
+        super().__init__(pagedserve_executor_flags(settings),
+                         executor_startup_timeout_s=settings.startup_timeout_s)
 
     @property
     def base_url(self) -> str:

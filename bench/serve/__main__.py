@@ -52,7 +52,7 @@ from bench.serve.gateway_load import GrpcLoad, HttpLoad
 from bench.serve.metrics import Run
 from bench.serve.model import ServedModel, model_for
 from bench.serve.plot import write_plot
-from bench.serve.stack import Stack, cpu_seconds
+from bench.serve.stack import Stack, cpu_seconds, executor_flags
 from bench.serve.workload import (CPU, GPU, QUICK, GiB, ServeSettings, arrival_times, draw_requests,
                                   parse_rates, rate_label)
 from bench.throughput.workload import Workload, fixed, ordinary_token_ids, warmup_workload
@@ -142,7 +142,7 @@ def measure(settings: ServeSettings, model: ServedModel) -> report.Results:
     device = torch.cuda.get_device_name() if settings.device.startswith("cuda") else "cpu"
     results = report.Results(settings, workload, model.name, device)
     in_process = InProcessLoad(settings, model.directory)
-    with Stack(settings, model.executor_model) as stack:
+    with Stack(executor_flags(settings, model.executor_model)) as stack:
         print(f"stack up: gateway {stack.grpc_target} (gRPC), {stack.http_url} (HTTP); "
               f"{stack.describe()}", file=sys.stderr)
         loads = {report.ENGINE: in_process,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from bench.serve.workload import ServeSettings
 from pagedserve.cli import up
-from pagedserve.supervisor.supervised import SupervisedProcess as ChildService
+from pagedserve.supervisor.service_process import hermetic_env as supervisor_env
+from pagedserve.supervisor.supervised import SupervisedProcess
 
 # Kept from the caller's environment: where the embedded model is cached. Any other
 # PAGEDSERVE_* variable (a port, an API key, a token) would change what is measured.
@@ -32,17 +33,21 @@ def executor_flags(settings: ServeSettings, model_dir: Path | None) -> list[str]
 
 
 class Stack:
-    """`with Stack(settings, model_dir) as stack:` the stack serves at `stack.grpc_target` and
-    `stack.http_url`; `stack.pids` names each service's process."""
+    """`with Stack(executor_flags(settings, model_dir)) as stack:` the stack serves at
+    `stack.grpc_target` and `stack.http_url`; `stack.pids` names each service's process.
+    `executor_startup_timeout_s`, when given, replaces up's for the executor (a large model
+    loads for longer)."""
 
-    def __init__(self, settings: ServeSettings, model_dir: Path | None) -> None:
+    def __init__(self, executor_args: list[str],
+                 executor_startup_timeout_s: float | None = None) -> None:
         args = up.build_parser().parse_args([
             "--allocator-port", "0", "--executor-port", "0", "--port", "0", "--http-port", "0",
-            "--executor-args", shlex.join(executor_flags(settings, model_dir))])
+            "--executor-args", shlex.join(executor_args)])
+        self._executor_startup_timeout_s = executor_startup_timeout_s
         self._args = args
         self.allocator = quiet(up.allocator_service(args))
-        self.executor: ChildService | None = None
-        self.gateway: ChildService | None = None
+        self.executor: SupervisedProcess | None = None
+        self.gateway: SupervisedProcess | None = None
 
     def __enter__(self) -> Stack:
         try:
@@ -60,6 +65,8 @@ class Stack:
         self.allocator.start(env)
         self.allocator.wait_ready()
         [executor] = up.executor_services(self._args, self.allocator.address)
+        if self._executor_startup_timeout_s is not None:
+            executor.startup_timeout_s = self._executor_startup_timeout_s
         self.executor = quiet(executor)
         self.executor.start(env)
         self.executor.wait_ready()
@@ -93,16 +100,14 @@ class Stack:
         return ", ".join(f"{name} pid {pid}" for name, pid in self.pids.items())
 
 
-def quiet(child: ChildService) -> ChildService:
+def quiet(child: SupervisedProcess) -> SupervisedProcess:
     child.echo = False
     return child
 
 
 def hermetic_env() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith("PAGEDSERVE_") or key in KEPT_VARIABLES}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    """The supervisor's environment without PAGEDSERVE_*, keeping KEPT_VARIABLES."""
+    return supervisor_env({key: os.environ[key] for key in KEPT_VARIABLES if key in os.environ})
 
 
 def cpu_seconds(pid: int) -> float | None:
