@@ -145,6 +145,14 @@ def method_link(name: str) -> str:
     return f"Method and reading: [{heading}](#{anchor})."
 
 
+def section_preamble(name: str, machine: str = "") -> list[str]:
+    """The lines a generated section opens with: when and where it was measured (`machine`, or
+    today on this machine), the command that wrote it, and the link to its method section."""
+    machine = machine or f"Measured {today()} on {machine_description()}."
+    return [textwrap.fill(machine, 100), "", f"Command: `{command_line()}`", "",
+            method_link(name), ""]
+
+
 def replace_section(page: Path, heading: str, body: str) -> None:
     """Writes `## heading` + body into the page, replacing that section up to the next `## `.
 

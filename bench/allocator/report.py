@@ -3,7 +3,6 @@ docs/benchmarks.md. The plot is plot.py; how the benchmark measures is written o
 docs/benchmarks.md (`## Allocator: how it is measured`)."""
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,13 +86,9 @@ def settings_lines(r: Results) -> list[str]:
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
     lines = [
-        textwrap.fill(f"Measured {report.today()} on {report.machine_description()}; 1-minute "
-                      f"load average {r.load_at_start:.2f} when the run started.", 100),
-        "",
-        f"Command: `{report.command_line()}`",
-        "",
-        report.method_link("Allocator"),
-        "",
+        *report.section_preamble("Allocator", f"Measured {report.today()} on "
+                                 f"{report.machine_description()}; 1-minute load average "
+                                 f"{r.load_at_start:.2f} when the run started."),
         *(report.list_item(line) for line in settings_lines(r)),
         "",
         report.markdown_table(result_rows(r)),

@@ -8,7 +8,6 @@ Every latency comparison is a ratio to the memory allocator measured in the same
 from __future__ import annotations
 
 import statistics
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,9 +233,7 @@ def section_body(r: Results, sizes: Sizes, png: Path | None, md: Path) -> str:
     lat_header, lat_rows = latency_grid(r)
     rec_header, rec_rows = recovery_grid(r)
     lines = [
-        textwrap.fill(machine, 100), "",
-        f"Command: `{report.command_line()}`", "",
-        report.method_link("Durability"), "",
+        *report.section_preamble("Durability", machine),
         *(report.list_item(line) for line in settings_lines(r, sizes)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         *([*(report.list_item(line) for line in figure_lines(r)), ""] if r.recovery else []),

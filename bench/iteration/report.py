@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,11 +188,8 @@ def settings_lines(r: Results) -> list[str]:
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
-    machine = f"Measured {report.today()} on {report.machine_description()}."
     lines = [
-        textwrap.fill(machine, 100), "",
-        f"Command: `{report.command_line()}`", "",
-        report.method_link("Iteration"), "",
+        *report.section_preamble("Iteration"),
         *(report.list_item(line) for line in settings_lines(r)), "",
         report.markdown_grid(*summary_grid(r)),
     ]

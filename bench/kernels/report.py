@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -193,9 +192,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
                  and d.context == s.target_context]
     block_16 = [d for d in r.decode if d.block_size == TARGET_BLOCK_SIZE]
     lines = [
-        textwrap.fill(machine, 100), "",
-        f"Command: `{report.command_line()}`", "",
-        report.method_link("Kernels"), "",
+        *report.section_preamble("Kernels", machine),
         *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         report.markdown_table(result_rows(r)), "",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,11 +136,8 @@ def settings_lines(r: Results) -> list[str]:
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
-    machine = f"Measured {report.today()} on {report.machine_description()}."
     lines = [
-        textwrap.fill(machine, 100), "",
-        f"Command: `{report.command_line()}`", "",
-        report.method_link("Memory"), "",
+        *report.section_preamble("Memory"),
         *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         report.markdown_table(result_rows(r)), "",

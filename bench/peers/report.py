@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -136,11 +135,8 @@ def ratio_lines(r: Results) -> list[str]:
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
-    machine = f"Measured {report.today()} on {report.machine_description()}."
     lines = [
-        textwrap.fill(machine, 100), "",
-        f"Command: `{report.command_line()}`", "",
-        report.method_link("Peers"), "",
+        *report.section_preamble("Peers"),
         *([f"**{QUICK_NOTE}**", ""] if r.quick else []),
         *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in ratio_lines(r)),

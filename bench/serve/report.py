@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -233,9 +232,7 @@ def section_body(r: Results, png: Path | None, md: Path) -> str:
     machine = (f"Measured {report.today()} on {report.machine_description()}"
                + ("" if r.device == "cpu" else f", {r.device}") + ".")
     lines = [
-        textwrap.fill(machine, 100), "",
-        f"Command: `{report.command_line()}`", "",
-        report.method_link("Serving"), "",
+        *report.section_preamble("Serving", machine),
         *(report.list_item(line) for line in settings_lines(r)), "",
         *(f"- **{line}**" for line in target_lines(r)), "",
         report.markdown_table(result_rows(r)), "",

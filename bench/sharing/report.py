@@ -5,7 +5,6 @@ why its savings land where they do is written once, by hand, in docs/benchmarks.
 from __future__ import annotations
 
 import json
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,11 +209,8 @@ def figure_lines(r: Results) -> list[str]:
 
 
 def section_body(r: Results, png: Path | None, md: Path) -> str:
-    machine = f"Measured {report.today()} on {report.machine_description()}."
     lines = [
-        textwrap.fill(machine, 100), "",
-        f"Command: `{report.command_line()}`", "",
-        report.method_link("Sharing"), "",
+        *report.section_preamble("Sharing"),
         *(report.list_item(line) for line in settings_lines(r)), "",
         report.markdown_grid(*case_grid(r)), "",
         report.markdown_table(result_rows(r)), "",
