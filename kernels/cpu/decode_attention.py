@@ -127,7 +127,10 @@ class _Workspace(threading.local):
     def take(self, device: torch.device, elements: int) -> torch.Tensor:
         buffer = self.buffers.get(device)
         if buffer is None or buffer.numel() < elements:
-            buffer = torch.empty(elements, dtype=torch.float32, device=device)
+            # A normal tensor even when first asked for under inference_mode (as the engine
+            # does): an inference tensor could not be written outside it afterwards.
+            with torch.inference_mode(False):
+                buffer = torch.empty(elements, dtype=torch.float32, device=device)
             self.buffers[device] = buffer
         return buffer[:elements]
 

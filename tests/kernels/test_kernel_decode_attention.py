@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.cpu import decode_attention
 from kernels.cpu.decode_attention import length_buckets, paged_decode_attention_cpu
 from kernels.reference.decode_attention import paged_decode_attention_reference
 from tests.support.kernel_cases import (BLOCK_SIZES, DTYPES, KERNEL_TOLERANCE, REFERENCE_TOLERANCE,
@@ -199,3 +200,14 @@ def test_bad_arguments_are_refused_with_a_message():
     with pytest.raises(ValueError, match="needs more than the 3 blocks"):
         paged_decode_attention_cpu(query, batch.key_cache, batch.value_cache, batch.block_tables,
                                    torch.tensor([49], dtype=torch.int32), 1.0)
+
+
+def test_cpu_implementation_inside_and_outside_inference_mode():
+    """The workspace the CPU implementation keeps between calls, first made under
+    inference_mode (as the engine calls it), is still writable by a call outside it."""
+    batch, query = decode_case([40, 7], block_size=16, group=2, head_dim=64,
+                               dtype=torch.float32, seed=21)
+    decode_attention._workspace.buffers.clear()   # so the call below makes a new one
+    with torch.inference_mode():
+        inside = run_cpu(batch, query)
+    torch.testing.assert_close(run_cpu(batch, query), inside)
