@@ -1,8 +1,9 @@
 """Self-attention of one decoder layer over the paged KV cache.
 
 Projections carry Hugging Face's parameter names (q_proj, k_proj, v_proj, o_proj, and Qwen3's
-q_norm / k_norm), so a checkpoint's weights load by name. The step's new K/V are stored into
-their slots first; then decode rows and prefill rows each go through their kernel.
+q_norm / k_norm), so a checkpoint's weights load by name; after loading, q, k and v run as one
+matmul (layers.FusedLinear). The step's new K/V are stored into their slots first; then decode
+rows and prefill rows each go through their kernel.
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from torch import nn
 
 import kernels
 from executor_service.model.attention_batch import AttentionBatch
-from executor_service.model.layers import RMSNorm
+from executor_service.model.layers import FusedLinear, RMSNorm
 from executor_service.model.model_config import ModelConfig
-from executor_service.model.rope import RotaryEmbedding
+from executor_service.model.rope import apply_rotation
 
 
 class Attention(nn.Module):
@@ -31,17 +32,25 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
+        self.qkv = FusedLinear()
+        self.split = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                      self.num_kv_heads * self.head_dim)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def fuse_projections(self) -> None:
+        self.qkv.fuse(self.q_proj, self.k_proj, self.v_proj)
+
+    def forward(self, hidden: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor],
                 key_cache: torch.Tensor, value_cache: torch.Tensor,
                 batch: AttentionBatch) -> torch.Tensor:
+        """`rotation`: the RoPE cos/sin of the tokens' positions (RotaryEmbedding.rotation)."""
         tokens = hidden.shape[0]
-        query = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
-        key = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
-        value = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        query, key, value = self.qkv(hidden).split(self.split, dim=-1)
+        query = query.view(tokens, self.num_heads, self.head_dim)
+        key = key.view(tokens, self.num_kv_heads, self.head_dim)
+        value = value.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             query, key = self.q_norm(query), self.k_norm(key)
-        query, key = rotary(positions, query, key)
+        query, key = apply_rotation(rotation, query, key)
         kernels.store_kv(key, value, key_cache, value_cache, batch.slot_mapping)
 
         out = torch.empty_like(query)

@@ -51,6 +51,12 @@ class CausalLM(nn.Module):
         with torch.device(device):
             self.rotary = RotaryEmbedding(self.config.rope, self.config.head_dim, max_positions)
 
+    def fuse_projections(self) -> None:
+        """After the weights are loaded: q/k/v and gate/up each become one matmul."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+
     def output_embedding(self) -> torch.Tensor:
         if self.config.tie_word_embeddings:
             return self.model.embed_tokens.weight
@@ -62,11 +68,12 @@ class CausalLM(nn.Module):
         """Hidden states `[tokens, hidden]` after the final norm, for `input_ids [tokens]` at
         `positions [tokens]`; each token's K/V is stored into its slot of `kv_cache`."""
         hidden = self.model.embed_tokens(input_ids)
+        rotation = self.rotary.rotation(positions, hidden.dtype)
         for index, layer in enumerate(self.model.layers):
             key_cache, value_cache = layer_caches(kv_cache, index)
             residual = hidden
-            hidden = layer.self_attn(layer.input_layernorm(hidden), positions, self.rotary,
-                                     key_cache, value_cache, batch)
+            hidden = layer.self_attn(layer.input_layernorm(hidden), rotation, key_cache,
+                                     value_cache, batch)
             hidden = residual + hidden
             residual = hidden
             hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -79,5 +79,6 @@ def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
                                           else "")
         raise UnsupportedModel(f"the checkpoint in {directory} lacks {shown}")
+    model.fuse_projections()
     model.build_rotary(max_positions, device)
     return model.eval()

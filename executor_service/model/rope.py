@@ -51,12 +51,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", table.cos(), persistent=False)   # [positions, head_dim]
         self.register_buffer("sin", table.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """query `[tokens, heads, head_dim]`, key `[tokens, kv_heads, head_dim]`."""
-        cos = self.cos[positions].to(query.dtype)[:, None, :]
-        sin = self.sin[positions].to(query.dtype)[:, None, :]
-        return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
+    def rotation(self, positions: torch.Tensor, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[tokens, 1, head_dim]` of the positions: looked up once per forward
+        pass and shared by every layer."""
+        return (self.cos[positions].to(dtype)[:, None, :],
+                self.sin[positions].to(dtype)[:, None, :])
+
+
+def apply_rotation(rotation: tuple[torch.Tensor, torch.Tensor], query: torch.Tensor,
+                   key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """query `[tokens, heads, head_dim]`, key `[tokens, kv_heads, head_dim]`, rotated."""
+    cos, sin = rotation
+    return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

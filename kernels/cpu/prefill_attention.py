@@ -39,8 +39,11 @@ def paged_prefill_attention_cpu(
                              f"{seq_len}")
         blocks = block_tables[seq, :-(-seq_len // block_size)].long()
         # [kv_heads, seq_len, head_dim], as SDPA wants them.
-        keys = key_cache[blocks].view(-1, num_kv_heads, head_dim)[:seq_len].transpose(0, 1)
-        values = value_cache[blocks].view(-1, num_kv_heads, head_dim)[:seq_len].transpose(0, 1)
+        # index_select copies whole blocks; advanced indexing would copy element by element.
+        keys = key_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len] \
+            .transpose(0, 1)
+        values = value_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len] \
+            .transpose(0, 1)
         queries = query[first:last].transpose(0, 1)
         if query_len == seq_len:
             mask, causal = None, True
