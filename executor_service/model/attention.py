@@ -12,7 +12,7 @@ from torch import nn
 
 import kernels
 from executor_service.model.attention_batch import AttentionBatch
-from executor_service.model.layers import FusedLinear, RMSNorm
+from executor_service.model.layers import FusedLinear, Linear, RMSNorm
 from executor_service.model.model_config import ModelConfig
 from executor_service.model.rope import apply_rotation
 
@@ -27,7 +27,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -38,6 +38,10 @@ class Attention(nn.Module):
 
     def fuse_projections(self) -> None:
         self.qkv.fuse(self.q_proj, self.k_proj, self.v_proj)
+
+    def pack_weights(self) -> None:
+        self.qkv.pack()
+        self.o_proj.pack()
 
     def forward(self, hidden: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor],
                 key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -8,13 +8,13 @@ norm, tied embeddings, head_dim, RoPE scaling). Module names follow Hugging Face
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from executor_service.model.attention import Attention
 from executor_service.model.attention_batch import AttentionBatch
 from executor_service.model.layers import RMSNorm, SwiGLU
 from executor_service.model.model_config import ModelConfig
+from executor_service.model.packed_linear import PackedLinear, linear, pack_if_supported
 from executor_service.model.rope import RotaryEmbedding
 from kernels import layer_caches
 
@@ -44,6 +44,7 @@ class CausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None
+        self.packed_logits: PackedLinear | None = None
 
     def build_rotary(self, max_positions: int, device: torch.device) -> None:
         """Built apart from the weights: the weights are created on the meta device and loaded,
@@ -56,6 +57,14 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+
+    def pack_weights(self) -> None:
+        """Last step of loading, after the dtype and device are final: the linear layers the
+        forward pass calls get a oneDNN-packed copy of their weights (on the CPU only)."""
+        for layer in self.model.layers:
+            layer.self_attn.pack_weights()
+            layer.mlp.pack_weights()
+        self.packed_logits = pack_if_supported(self.output_embedding(), None)
 
     def output_embedding(self) -> torch.Tensor:
         if self.config.tie_word_embeddings:
@@ -81,4 +90,4 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.output_embedding())
+        return linear(hidden, self.output_embedding(), None, self.packed_logits)

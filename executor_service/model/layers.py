@@ -1,9 +1,12 @@
-"""The building blocks every supported architecture shares: RMSNorm and the SwiGLU MLP."""
+"""The building blocks every supported architecture shares: RMSNorm, the SwiGLU MLP, and the
+linear layers they are made of (packable for oneDNN on the CPU: packed_linear.py)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from executor_service.model.packed_linear import PackedLinear, linear, pack_if_supported
 
 
 class RMSNorm(nn.Module):
@@ -28,15 +31,32 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
         self.gate_up = FusedLinear()
 
     def fuse_projections(self) -> None:
         self.gate_up.fuse(self.gate_proj, self.up_proj)
 
+    def pack_weights(self) -> None:
+        self.gate_up.pack()
+        self.down_proj.pack()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+class Linear(nn.Linear):
+    """nn.Linear that runs through a oneDNN-packed copy of its weight once `pack` ran (on the
+    CPU; elsewhere `pack` leaves it as it was)."""
+
+    packed: PackedLinear | None = None
+
+    def pack(self) -> None:
+        self.packed = pack_if_supported(self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 class FusedLinear(nn.Module):
@@ -48,6 +68,8 @@ class FusedLinear(nn.Module):
     read by name) without a second copy of the weights. One wide matmul instead of two or
     three narrow ones: fewer calls into BLAS per layer, each with more columns to block.
     """
+
+    packed: PackedLinear | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,7 +90,10 @@ class FusedLinear(nn.Module):
                 part.bias = nn.Parameter(self.bias[start:start + rows], requires_grad=False)
             start += rows
 
+    def pack(self) -> None:
+        self.packed = pack_if_supported(self.weight, self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is None:
             raise RuntimeError("FusedLinear used before fuse(): load_model fuses projections")
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)

@@ -80,5 +80,6 @@ def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
                                           else "")
         raise UnsupportedModel(f"the checkpoint in {directory} lacks {shown}")
     model.fuse_projections()
+    model.pack_weights()
     model.build_rotary(max_positions, device)
     return model.eval()
