@@ -1,5 +1,5 @@
 """The kernels' public entry points: Triton where the cache is on a GPU, torch where it is on the
-CPU (kernels/cpu for attention, the references for the rest). Triton is imported
+CPU (kernels/cpu for attention and store_kv, the reference for block copies). Triton is imported
 only on the GPU path, so a machine without it (a laptop) still serves."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 
 from kernels.cpu.decode_attention import paged_decode_attention_cpu
 from kernels.cpu.prefill_attention import paged_prefill_attention_cpu
+from kernels.cpu.store_kv import store_kv_cpu
 from kernels.reference.copy_blocks import copy_blocks_reference
-from kernels.reference.store_kv import store_kv_reference
 
 
 def runs_triton(tensor: torch.Tensor) -> bool:
@@ -22,7 +22,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
         from kernels.triton import store_kv as kernel
         implementation = kernel.store_kv_triton
     else:
-        implementation = store_kv_reference
+        implementation = store_kv_cpu
     implementation(key, value, key_cache, value_cache, slot_mapping)
 
 

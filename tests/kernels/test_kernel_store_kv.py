@@ -1,10 +1,11 @@
 """store_kv writes exactly the slots it is given (padding slots skipped) and nothing else; the
-reference against a token-by-token loop, the Triton kernel against the reference."""
+reference against a token-by-token loop, the CPU and Triton kernels against the reference."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kernels.cpu.store_kv import store_kv_cpu
 from kernels.reference.store_kv import store_kv_reference
 from tests.support.kernel_cases import BLOCK_SIZES, DTYPES, TRITON_DEVICES, randn, require_triton
 
@@ -51,6 +52,21 @@ def test_reference_writes_each_token_to_its_slot_and_nothing_else(block_size, dt
                                                            seed=block_size)
     expected_key, expected_value = expected_caches(key, value, key_cache, value_cache, slots)
     store_kv_reference(key, value, key_cache, value_cache, slots)
+    assert torch.equal(key_cache, expected_key)
+    assert torch.equal(value_cache, expected_value)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_padding", [True, False])
+def test_cpu_kernel_writes_exactly_what_the_reference_writes(block_size, dtype, with_padding):
+    key, value, key_cache, value_cache, slots = store_case(block_size=block_size, dtype=dtype,
+                                                           seed=block_size + 7)
+    if not with_padding:  # the engine's case: the fast path with no filtering
+        key, value, slots = key[slots >= 0], value[slots >= 0], slots[slots >= 0]
+    expected_key, expected_value = key_cache.clone(), value_cache.clone()
+    store_kv_reference(key, value, expected_key, expected_value, slots)
+    store_kv_cpu(key, value, key_cache, value_cache, slots)
     assert torch.equal(key_cache, expected_key)
     assert torch.equal(value_cache, expected_value)
 
