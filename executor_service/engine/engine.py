@@ -21,14 +21,21 @@ from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Request, Sequence, SequenceStatus
 from executor_service.engine.request_output import RequestOutput
-from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
+from executor_service.engine.sampler import (Sampler, SamplingRow, child_seed,
+                                             make_generator)
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
+from executor_service.engine.step_inputs import StepInputs
 from executor_service.engine.step_plan import StepPlan, append_op
 from executor_service.engine.stop_check import finish_reason_after
 from executor_service.model.causal_lm import CausalLM
 from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
 from pagedserve.protocol.block_ops import FreeOp, OpStatus
 from pagedserve.protocol.sampling_params import SamplingParams
+
+
+def blocks_per_seq(max_model_len: int, config: SchedulerConfig) -> int:
+    """The most blocks a sequence's table holds: its window plus the reserved lookahead."""
+    return -(-(max_model_len + config.lookahead_slots) // config.block_size) + 1
 
 
 class Engine:
@@ -40,7 +47,12 @@ class Engine:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = Scheduler(scheduler_config)
-        self.runner = ModelRunner(model, kv_cache, scheduler_config.block_size)
+        block_size = scheduler_config.block_size
+        inputs = StepInputs(scheduler_config.max_num_seqs,
+                            scheduler_config.max_num_batched_tokens,
+                            blocks_per_seq(max_model_len, scheduler_config), block_size,
+                            kv_cache.device)
+        self.runner = ModelRunner(model, kv_cache, inputs)
         self.sampler = Sampler(sampler_seed)
         self.requests: dict[str, Request] = {}
         self.outputs = OutputCollector()

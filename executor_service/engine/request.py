@@ -42,6 +42,9 @@ class Sequence:
     generator: torch.Generator | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
+    # Counts in-place changes of block_table's entries (copy-on-write), which the model
+    # runner's table buffer must see; a new list is seen by its identity.
+    table_edits: int = 0
     num_computed: int = 0
     num_reported: int = 0
     num_cached_tokens: int = 0                   # prompt tokens served from the prefix cache
@@ -62,6 +65,10 @@ class Sequence:
         return len(self.token_ids) - self.num_computed
 
     @property
+    def is_running(self) -> bool:
+        return self.status is SequenceStatus.RUNNING
+
+    @property
     def is_decoding(self) -> bool:
         return self.num_uncomputed == 1
 
@@ -71,6 +78,11 @@ class Sequence:
 
     def slot(self, position: int, block_size: int) -> int:
         return self.block_table[position // block_size] * block_size + position % block_size
+
+    def replace_block(self, old: int, new: int) -> None:
+        """A copy-on-write: the allocator copied shared block `old` to `new`, ours alone."""
+        self.block_table[self.block_table.index(old)] = new
+        self.table_edits += 1
 
     def release_blocks(self) -> None:
         """Back to waiting with nothing cached: after a Free, the next admission recomputes

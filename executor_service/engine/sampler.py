@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.protocol.sampling_params import GREEDY_BELOW_TEMPERATURE, MAX_SEED, SamplingParams
+from pagedserve.protocol.sampling_params import (GREEDY_BELOW_TEMPERATURE,
+                                                 MAX_SEED, SamplingParams)
 
 
 @dataclass(slots=True)

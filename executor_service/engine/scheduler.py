@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from executor_service.engine.request import Request, Sequence, SequenceStatus
 from executor_service.engine.step_plan import StepPlan
-from pagedserve.protocol.block_ops import AllocateOp, ForkOp, OpResult, OpStatus, StepResult
+from pagedserve.protocol.block_ops import (AllocateOp, ForkOp, OpResult,
+                                           OpStatus, StepResult)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +193,7 @@ class Scheduler:
 
     def grown(self, plan: StepPlan, seq: Sequence, answer: OpResult) -> None:
         for src, dst in answer.copies:
-            seq.block_table[seq.block_table.index(src)] = dst
+            seq.replace_block(src, dst)
             plan.copies.append((src, dst))
         seq.block_table.extend(answer.new_blocks)
         if len(seq.token_ids) > seq.num_reported:

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from executor_service.engine.sampler import (Sampler, SamplingRow, apply_penalties, child_seed,
+from executor_service.engine.sampler import (Sampler, SamplingRow,
+                                             apply_penalties, child_seed,
                                              make_generator)
 from executor_service.engine.stop_check import finish_reason
 from pagedserve.common.errors import InvalidArgument
