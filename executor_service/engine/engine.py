@@ -27,6 +27,7 @@ from executor_service.engine.scheduler import Scheduler, SchedulerConfig
 from executor_service.engine.step_inputs import StepInputs
 from executor_service.engine.step_plan import StepPlan, append_op
 from executor_service.engine.stop_check import finish_reason_after
+from executor_service.engine.token_counts import TokenCounts
 from executor_service.model.causal_lm import CausalLM
 from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
 from pagedserve.protocol.block_ops import FreeOp, OpStatus
@@ -196,12 +197,11 @@ class Engine:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             fanout = request.params.n if seq.index == 0 and not request.forked else 1
+            # A fanout's children draw their first token from the parent's history.
+            counts = self._token_counts(seq) if request.params.has_penalties else None
             for index in range(fanout):
                 generator = seq.generator if index == 0 else self._child_generator(request, index)
-                # Only the penalties read the output: no copy of it for rows without any.
-                output = seq.output_token_ids if request.params.has_penalties else ()
-                rows.append(SamplingRow(request.params, request.prompt_token_ids, output,
-                                        generator))
+                rows.append(SamplingRow(request.params, (), (), generator, counts))
                 owners.append((seq, index, generator))
         if not rows:
             return
@@ -224,6 +224,13 @@ class Engine:
                 seq.request.forked = True
         for seq, token, logprobs in accepted:
             self._record(seq, token, logprobs)
+
+    def _token_counts(self, seq: Sequence) -> TokenCounts:
+        if seq.token_counts is None:
+            seq.token_counts = TokenCounts(self.vocab_size, seq.request.prompt_token_ids,
+                                           self.runner.device)
+        seq.token_counts.catch_up(seq.token_ids, seq.num_prompt_tokens)
+        return seq.token_counts
 
     def _child_generator(self, request: Request, index: int) -> torch.Generator | None:
         if request.params.seed is None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from executor_service.engine.token_counts import TokenCounts
 from pagedserve.protocol.sampling_params import SamplingParams
 
 
@@ -55,6 +56,8 @@ class Sequence:
     fork_parent: Sequence | None = None
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)
+    # The penalties' token counts, made at the first sampling of a request that has any.
+    token_counts: TokenCounts | None = None
 
     @property
     def output_token_ids(self) -> list[int]:

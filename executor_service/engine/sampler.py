@@ -21,8 +21,9 @@ sequence draws its row from its own generator and its tokens do not depend on wh
 the batch or where: reproducible on the same device and torch build. Unseeded rows share the
 sampler's generator.
 
-Everything is vectorised over rows; Python loops run over rows only, to collect token ids for
-the penalties and to draw from per-sequence generators.
+Everything is vectorised over rows; Python loops run over rows only, to stack the penalties'
+token counts (kept per sequence as tokens arrive: token_counts.py) and to draw from
+per-sequence generators.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from executor_service.engine.token_counts import TokenCounts
 from pagedserve.protocol.sampling_params import (GREEDY_BELOW_TEMPERATURE,
                                                  MAX_SEED, SamplingParams)
 
@@ -47,6 +49,9 @@ class SamplingRow:
     # The sequence's own generator when its request has a seed, on the logits' device (see
     # make_generator); it lives as long as the sequence. None: the sampler's shared generator.
     generator: torch.Generator | None = None
+    # The penalties' token counts, kept by the engine as tokens arrive (token_counts.py);
+    # None: counted from the two lists above.
+    counts: TokenCounts | None = None
 
 
 @dataclass(slots=True)
@@ -171,59 +176,100 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     device, vocab = logits.device, logits.shape[1]
     repeating = [i for i, row in enumerate(rows) if row.params.repetition_penalty != 1]
     if repeating:
-        seen = _token_counts(rows, repeating, vocab, device, with_prompt=True) > 0
-        penalty = _column([row.params.repetition_penalty for row in rows], device)
-        penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
-        logits.copy_(torch.where(seen, penalised, logits))
+        index = _index(repeating, device)
+        subset = logits[index]
+        seen = torch.stack([_counts(rows[i], vocab, device).seen() for i in repeating])
+        penalty = _column([rows[i].params.repetition_penalty for i in repeating], device)
+        penalised = torch.where(subset < 0, subset * penalty, subset / penalty)
+        logits[index] = torch.where(seen, penalised, subset)
     counting = [i for i, row in enumerate(rows)
                 if row.params.presence_penalty != 0 or row.params.frequency_penalty != 0]
     if counting:
-        counts = _token_counts(rows, counting, vocab, device, with_prompt=False)
-        presence = _column([row.params.presence_penalty for row in rows], device)
-        frequency = _column([row.params.frequency_penalty for row in rows], device)
-        logits.sub_(presence * (counts > 0) + frequency * counts)
+        index = _index(counting, device)
+        counts = torch.stack([_counts(rows[i], vocab, device).output for i in counting])
+        presence = _column([rows[i].params.presence_penalty for i in counting], device)
+        frequency = _column([rows[i].params.frequency_penalty for i in counting], device)
+        logits[index] -= presence * (counts > 0) + frequency * counts
 
 
-def _token_counts(rows: Sequence[SamplingRow], which: Sequence[int], vocab: int,
-                  device: torch.device, *, with_prompt: bool) -> torch.Tensor:
-    """[len(rows), vocab] float32: occurrences of each token in the output (and prompt) of the
-    rows in `which`; zero elsewhere. Built as one index_add_ over flat row * vocab + token ids;
-    float32 counts stay exact (integers below 2**24) whatever order the adds land in."""
-    pieces, owners = [], []
-    for i in which:
-        lists = (rows[i].output_token_ids, rows[i].prompt_token_ids) if with_prompt else (
-            rows[i].output_token_ids,)
-        for token_list in lists:
-            pieces.append(torch.as_tensor(token_list, dtype=torch.long))
-            owners.append(i)
-    token_ids = torch.cat(pieces)
-    if token_ids.numel() and not (0 <= int(token_ids.min()) and int(token_ids.max()) < vocab):
-        # An out-of-range id would count against the next row's token instead.
-        raise ValueError(f"token ids must be in [0, {vocab}), got "
-                         f"{int(token_ids.min())}..{int(token_ids.max())}")
-    row_of = torch.repeat_interleave(torch.tensor(owners),
-                                     torch.tensor([len(piece) for piece in pieces]))
-    flat = (row_of * vocab + token_ids).to(device)
-    counts = torch.zeros(len(rows) * vocab, dtype=torch.float32, device=device)
-    counts.index_add_(0, flat, torch.ones(flat.numel(), dtype=torch.float32, device=device))
-    return counts.view(len(rows), vocab)
+def _counts(row: SamplingRow, vocab: int, device: torch.device) -> TokenCounts:
+    """The row's kept counts (the engine's), else counts of its token lists."""
+    if row.counts is not None:
+        return row.counts
+    return TokenCounts.of(vocab, row.prompt_token_ids, row.output_token_ids, device)
+
+
+# Below this many candidates per row (and when every truncated row has a top_k), top-k and
+# top-p look at the candidates only (_truncate_small_k); otherwise the whole vocabulary is
+# sorted. A full sort of a 32k vocabulary costs ~1 ms a row on one core; topk of 50 a tenth.
+SMALL_TOP_K = 1024
 
 
 def _truncate_top_k_top_p(logits: torch.Tensor, top_k: Sequence[int],
                           top_p: Sequence[float]) -> None:
-    """Sets cut tokens' logits to -inf in place. Works on a best-first stable sort, so top-k
-    keeps exactly k tokens and a tie at the boundary goes to the lower token id."""
+    """Sets cut tokens' logits to -inf in place: top-k keeps exactly k tokens and a tie at the
+    boundary goes to the lower token id; then top-p over the kept mass."""
+    vocab = logits.shape[1]
+    if max(top_k) <= min(SMALL_TOP_K, vocab // 2):
+        _truncate_small_k(logits, top_k, top_p)
+    else:
+        _truncate_sorted(logits, top_k, top_p)
+
+
+def _truncate_sorted(logits: torch.Tensor, top_k: Sequence[int],
+                     top_p: Sequence[float]) -> None:
+    """On a best-first stable sort of the whole vocabulary."""
     device, vocab = logits.device, logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=device)
     cut = rank >= torch.tensor(top_k, device=device).unsqueeze(1)
     if min(top_p) < 1:
-        sorted_probs = sorted_logits.masked_fill(cut, float("-inf")).softmax(dim=-1)
-        # A token stays while the better ones together hold less than top_p.
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        cut |= mass_before >= _column(top_p, device)
+        _cut_top_p(sorted_logits, cut, top_p)
     cut[:, 0] = False  # the best token always stays
     logits.masked_fill_(torch.empty_like(cut).scatter_(1, order, cut), float("-inf"))
+
+
+def _truncate_small_k(logits: torch.Tensor, top_k: Sequence[int],
+                      top_p: Sequence[float]) -> None:
+    """The same cut as _truncate_sorted, looking at each row's k best only. topk's order
+    among equal values is unspecified, so it only supplies each row's k-th best value; the
+    kept set is every token above it plus the lowest-id ties up to k, and the candidates are
+    then put in the stable sort's order (value descending, id ascending) to apply top-p."""
+    device, vocab = logits.device, logits.shape[1]
+    k = torch.tensor(top_k, device=device).unsqueeze(1)
+    widest = max(top_k)
+    kth = logits.topk(widest, dim=-1).values.gather(1, k - 1)
+    above = logits > kth
+    ties = logits == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    keep = above | (ties & (ties.cumsum(dim=-1) <= room))
+    if min(top_p) < 1:
+        # The kept ids in ascending order (a unique key per token: larger for lower ids),
+        # then sorted best first; a stable sort keeps ascending ids among equal values.
+        ids = torch.arange(vocab, device=device)
+        key = torch.where(keep, vocab - ids, -1)
+        candidates = key.topk(widest, dim=-1).values.neg_().add_(vocab)   # ids, or vocab + 1
+        valid = candidates < vocab
+        candidates.clamp_(max=vocab - 1)
+        values = logits.gather(1, candidates).masked_fill_(~valid, float("-inf"))
+        values, order = values.sort(dim=-1, descending=True, stable=True)
+        candidates = candidates.gather(1, order)
+        cut = ~valid.gather(1, order)
+        _cut_top_p(values, cut, top_p)
+        cut[:, 0] = False
+        # Padding entries point at the last id too: adding their 0 leaves it as it is.
+        survivors = (~cut & valid.gather(1, order)).to(torch.int8)
+        keep = torch.zeros_like(keep, dtype=torch.int8).scatter_add_(1, candidates,
+                                                                      survivors) > 0
+    logits.masked_fill_(~keep, float("-inf"))
+
+
+def _cut_top_p(sorted_logits: torch.Tensor, cut: torch.Tensor, top_p: Sequence[float]) -> None:
+    """Adds to `cut` (best first, like `sorted_logits`) the tokens top-p drops: a token stays
+    while the better ones left by `cut` hold less than top_p of their mass."""
+    sorted_probs = sorted_logits.masked_fill(cut, float("-inf")).softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    cut |= mass_before >= _column(top_p, sorted_logits.device)
 
 
 def _gather_logprobs(logprobs: torch.Tensor | None, token_ids: torch.Tensor,

@@ -71,6 +71,21 @@ def test_prefix_cache_hit_gives_the_same_tokens_and_reports_cached_tokens(checkp
     assert two.usage.cached_tokens == 64
 
 
+def test_repetition_penalty_over_prompt_and_output_as_transformers_applies_it(checkpoint):
+    """The engine keeps each sequence's token counts as tokens arrive (token_counts.py);
+    transformers rescans prompt and output every step. Same tokens, batched or not."""
+    directory, prompts, _ = checkpoint
+    expected = transformers_greedy(directory, prompts, MAX_NEW, repetition_penalty=1.8)
+    engine = build_engine(directory, EngineOptions(num_blocks=128, max_num_batched_tokens=32),
+                          LocalBlockAllocator())
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True,
+                            repetition_penalty=1.8)
+    completions = generate(engine, prompts, params)
+    assert [c.choices[0] for c in completions] == expected
+    assert expected != checkpoint[2]  # the penalty changed what greedy picks
+    assert_pool_clean(engine)
+
+
 def test_preemption_when_the_pool_is_too_small(checkpoint):
     """14 blocks of 16 slots cannot hold six sequences growing to 110 tokens at once."""
     directory, prompts, expected = checkpoint

@@ -251,3 +251,23 @@ EOS = {2, 9}
 ])
 def test_finish_reason(params, output, num_tokens, expected):
     assert finish_reason(params, output, EOS, num_tokens=num_tokens, max_model_len=8) == expected
+
+
+def test_small_top_k_cuts_exactly_what_the_full_sort_cuts():
+    """Many ties (logits rounded to a coarse grid), every row its own k and p, the last
+    token id often kept: the candidates-only path must equal the full stable sort."""
+    from executor_service.engine.sampler import (_truncate_small_k,
+                                                 _truncate_sorted)
+
+    generator = torch.Generator().manual_seed(7)
+    for trial in range(20):
+        rows, vocab = 16, 64
+        logits = (torch.randn(rows, vocab, generator=generator) * 2).round()
+        logits[:, -1] = logits.max(dim=1).values  # the last id ties for the best
+        top_k = torch.randint(1, 12, (rows,), generator=generator).tolist()
+        top_p = [float("inf") if trial % 4 == 0 else
+                 float(torch.rand(1, generator=generator)) * 0.9 + 0.05 for _ in range(rows)]
+        small, full = logits.clone(), logits.clone()
+        _truncate_small_k(small, top_k, top_p)
+        _truncate_sorted(full, top_k, top_p)
+        assert torch.equal(small.isinf(), full.isinf()), trial

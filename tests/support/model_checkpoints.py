@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig,
+                          Qwen2Config, Qwen3Config)
 
 VOCAB = 320
 COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -49,16 +50,17 @@ def write_checkpoint(architecture: str, directory: Path, seed: int = 0,
     return directory
 
 
-def transformers_greedy(directory: Path, prompts: list[list[int]], max_new_tokens: int
-                        ) -> list[list[int]]:
+def transformers_greedy(directory: Path, prompts: list[list[int]], max_new_tokens: int,
+                        **generate_options) -> list[list[int]]:
     """transformers' greedy continuation of each prompt on its own (no padding involved),
-    never stopping at eos."""
+    never stopping at eos; `generate_options` go to generate (repetition_penalty=...)."""
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     answers = []
     with torch.no_grad():
         for prompt in prompts:
             out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+                                 do_sample=False, eos_token_id=None, pad_token_id=0,
+                                 **generate_options)
             answers.append(out[0, len(prompt):].tolist())
     return answers
 
