@@ -10,6 +10,7 @@ from pathlib import Path
 
 from executor_service.engine.build import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                            EngineOptions)
+from executor_service.model.compiled_forward import COMPILE_CHOICES
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
 
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                        choices=["auto", "float32", "bfloat16", "float16"],
                        help="weights' dtype; auto: the checkpoint's on a GPU, float32 on the CPU "
                             f"(env {ENV_PREFIX}_DTYPE)")
+    model.add_argument("--compile", default=env("COMPILE", "auto"), choices=COMPILE_CHOICES,
+                       help="torch.compile the forward pass's tensor math (inductor), warmed "
+                            "up before serving; auto: on CUDA only (on the CPU the eager pass "
+                            "measured faster); off: eager, like vLLM's --enforce-eager "
+                            f"(env {ENV_PREFIX}_COMPILE)")
     model.add_argument("--max-model-len", type=int, default=env("MAX_MODEL_LEN", 0),
                        help="longest context served (default: the model's, lowered to what "
                             "the KV cache holds for one sequence) "
@@ -148,7 +154,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
                                 else args.gpu_memory_utilization),
         max_model_len=args.max_model_len or None, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        lookahead_slots=args.lookahead_slots,
+        lookahead_slots=args.lookahead_slots, compile=args.compile,
         sampler_seed=None if args.seed < 0 else args.seed)
     return ExecutorConfig(
         server=server, allocator=args.allocator,

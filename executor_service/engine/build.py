@@ -14,6 +14,8 @@ from executor_service.engine.memory_profile import (kv_cache_budget,
                                                     measure_gpu_memory)
 from executor_service.engine.scheduler import SchedulerConfig
 from executor_service.model.causal_lm import CausalLM
+from executor_service.model.compiled_forward import (compile_segments,
+                                                     compile_wanted, warm_up)
 from executor_service.model.loader import load_model, resolve_dtype
 from executor_service.model.model_config import ModelConfig
 from kernels import KvCacheSpec, allocate_kv_cache
@@ -41,6 +43,8 @@ class EngineOptions:
     # per iteration, the protocol before sparse Steps.
     sparse_steps: bool = True
     sampler_seed: int | None = None
+    # torch.compile of the forward pass's tensor math: auto (on CUDA only), on, off (eager).
+    compile: str = "auto"
 
 
 def model_fingerprint(directory: Path, dtype: torch.dtype, block_size: int) -> str:
@@ -70,7 +74,12 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
     config = ModelConfig.from_dir(directory, max_model_len=options.max_model_len)
     max_model_len = options.max_model_len or config.max_position_embeddings
     dtype = resolve_dtype(options.dtype, config, device)
-    model = load_model(directory, config, dtype, device, max_model_len)
+    compiled = compile_wanted(options.compile, device)
+    model = load_model(directory, config, dtype, device, max_model_len,
+                       pack_weights=not compiled)
+    if compiled:
+        compile_segments(model)
+        warm_up(model)
     spec = KvCacheSpec(config.num_layers, options.num_blocks or 0, options.block_size,
                        config.num_kv_heads, config.head_dim, dtype)
     if not spec.num_blocks:

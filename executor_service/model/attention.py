@@ -2,8 +2,9 @@
 
 Projections carry Hugging Face's parameter names (q_proj, k_proj, v_proj, o_proj, and Qwen3's
 q_norm / k_norm), so a checkpoint's weights load by name; after loading, q, k and v run as one
-matmul (layers.FusedLinear). The step's new K/V are stored into their slots first; then decode
-rows and prefill rows each go through their kernel.
+matmul (layers.FusedLinear). `project` computes the rotated query, key and value; `attend`
+stores the new K/V into their slots, then decode rows and prefill rows each go through their
+kernel. The layer (causal_lm.py) runs o_proj on the result.
 """
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ class Attention(nn.Module):
         self.qkv.pack()
         self.o_proj.pack()
 
-    def forward(self, hidden: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor],
-                key_cache: torch.Tensor, value_cache: torch.Tensor,
-                batch: AttentionBatch) -> torch.Tensor:
-        """`rotation`: the RoPE cos/sin of the tokens' positions (RotaryEmbedding.rotation)."""
+    def project(self, hidden: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """query `[tokens, heads, head_dim]`, key and value `[tokens, kv_heads, head_dim]`,
+        query and key rotated; `rotation` is the RoPE cos/sin of the tokens' positions
+        (RotaryEmbedding.rotation). Pure tensor math: one of the compiled segments."""
         tokens = hidden.shape[0]
         query, key, value = self.qkv(hidden).split(self.split, dim=-1)
         query = query.view(tokens, self.num_heads, self.head_dim)
@@ -55,8 +57,14 @@ class Attention(nn.Module):
         if self.qk_norm:
             query, key = self.q_norm(query), self.k_norm(key)
         query, key = apply_rotation(rotation, query, key)
-        kernels.store_kv(key, value, key_cache, value_cache, batch.slot_mapping)
+        return query, key, value
 
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               key_cache: torch.Tensor, value_cache: torch.Tensor,
+               batch: AttentionBatch) -> torch.Tensor:
+        """The new K/V stored into their slots, then each query row over its sequence's
+        cache: `[tokens, heads * head_dim]`, before o_proj. Runs eagerly (the kernels)."""
+        kernels.store_kv(key, value, key_cache, value_cache, batch.slot_mapping)
         out = torch.empty_like(query)
         split = batch.num_decode_tokens
         if split:
@@ -70,4 +78,4 @@ class Attention(nn.Module):
                 batch.prefill_query_start, batch.prefill_seq_lens, self.scale,
                 max_query_len=batch.max_prefill_query, max_seq_len=batch.max_prefill_seq,
                 out=out[split:])
-        return self.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+        return out.view(query.shape[0], self.num_heads * self.head_dim)

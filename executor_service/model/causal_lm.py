@@ -21,12 +21,38 @@ from kernels import layer_caches
 
 
 class DecoderLayer(nn.Module):
+    """A layer runs in three parts: `before_attention` and `after_attention` are tensor math
+    only (what torch.compile compiles: compiled_forward.py), and the attention over the paged
+    cache between them runs eagerly."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.self_attn = Attention(config)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def before_attention(self, hidden: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.project(self.input_layernorm(hidden), rotation)
+
+    def after_attention(self, attended: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's output from the attention's `[tokens, heads * head_dim]` and the
+        layer's input `hidden` (the residual)."""
+        hidden = hidden + self.self_attn.o_proj(attended)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Segments:
+    """The functions the forward pass calls for its tensor math, each taking the module it
+    runs as its first argument; compiled_forward.py swaps in compiled ones. One function for
+    every layer (not a bound method per layer), so torch.compile makes one graph for all."""
+
+    def __init__(self, before_attention=DecoderLayer.before_attention,
+                 after_attention=DecoderLayer.after_attention, final_norm=RMSNorm.forward,
+                 compiled: bool = False) -> None:
+        self.before_attention, self.after_attention = before_attention, after_attention
+        self.final_norm, self.compiled = final_norm, compiled
 
 
 class DecoderModel(nn.Module):
@@ -46,6 +72,8 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None
         self.packed_logits: PackedLinear | None = None
+        # The forward pass's tensor-math parts: eager, or compiled (compiled_forward.py).
+        self.segments = Segments()
 
     def build_rotary(self, max_positions: int, device: torch.device) -> None:
         """Built apart from the weights: the weights are created on the meta device and loaded,
@@ -79,15 +107,13 @@ class CausalLM(nn.Module):
         `positions [tokens]`; each token's K/V is stored into its slot of `kv_cache`."""
         hidden = self.model.embed_tokens(input_ids)
         rotation = self.rotary.rotation(positions, hidden.dtype)
+        segments = self.segments
         for index, layer in enumerate(self.model.layers):
             key_cache, value_cache = layer_caches(kv_cache, index)
-            residual = hidden
-            hidden = layer.self_attn(layer.input_layernorm(hidden), rotation, key_cache,
-                                     value_cache, batch)
-            hidden = residual + hidden
-            residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.model.norm(hidden)
+            query, key, value = segments.before_attention(layer, hidden, rotation)
+            attended = layer.self_attn.attend(query, key, value, key_cache, value_cache, batch)
+            hidden = segments.after_attention(layer, attended, hidden)
+        return segments.final_norm(self.model.norm, hidden)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,10 @@ def weight_files(directory: Path) -> list[Path]:
 
 
 def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
-               device: torch.device, max_positions: int) -> CausalLM:
+               device: torch.device, max_positions: int, *,
+               pack_weights: bool = True) -> CausalLM:
+    """The checkpoint's model, projections fused; `pack_weights`: linear layers through
+    oneDNN-packed weights where that applies (packed_linear.py; not for a compiled model)."""
     directory = Path(directory)
     with torch.device("meta"):
         model = CausalLM(config)
@@ -80,6 +83,7 @@ def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
                                           else "")
         raise UnsupportedModel(f"the checkpoint in {directory} lacks {shown}")
     model.fuse_projections()
-    model.pack_weights()
+    if pack_weights:
+        model.pack_weights()
     model.build_rotary(max_positions, device)
     return model.eval()
