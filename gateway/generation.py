@@ -196,6 +196,10 @@ class Generator:
                    if entry.link.alive and executor_id not in tried}
         if not entries:
             raise Unavailable(f"no executor of {model.name} is reachable; retry shortly")
+        if len(entries) == 1:
+            # Nothing to choose between: no MatchPrefix round trip to the allocator (under
+            # the peer benchmark it was the gateway's largest cost of its own, 16 % of samples).
+            return next(iter(entries.values()))
         matches = await asyncio.to_thread(self._matches, prompt, cache_salt)
         candidates = []
         for executor_id, entry in entries.items():
