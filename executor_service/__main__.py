@@ -9,11 +9,10 @@ from collections.abc import Sequence
 import torch
 
 from executor_service.allocator_client import RemoteBlockAllocator
-from executor_service.config import (ExecutorConfig, default_advertise_address,
-                                     default_executor_id, parse_config)
+from executor_service.config import (
+    ExecutorConfig, default_advertise_address, default_executor_id, parse_config)
 from executor_service.engine.build import build_engine
-from executor_service.model.embedded import (EMBEDDED_MODEL_NAME,
-                                             embedded_model_dir)
+from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 from executor_service.model.model_config import ModelConfig
 from executor_service.model.tokenizer_files import load_tokenizer_files
 from executor_service.servicer import ExecutorServicer

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor_service.engine.build import (DEFAULT_GPU_MEMORY_UTILIZATION,
-                                           EngineOptions)
+from executor_service.engine.build import DEFAULT_GPU_MEMORY_UTILIZATION, EngineOptions
 from executor_service.model.compiled_forward import COMPILE_CHOICES
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions

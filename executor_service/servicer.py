@@ -8,14 +8,12 @@ from collections.abc import Iterator
 
 import grpc
 
-from executor_service.convert import (MAX_SEQ_ID, check_request_id,
-                                      refusal_to_proto, update_to_proto)
+from executor_service.convert import MAX_SEQ_ID, check_request_id, refusal_to_proto, update_to_proto
 from executor_service.engine.engine import Engine
 from executor_service.model.tokenizer_files import TokenizerFiles
 from executor_service.serving_loop import Refusal, ServingLoop, Session
 from pagedserve.common.error_interceptor import Undecodable
-from pagedserve.common.errors import (InvalidArgument, PagedServeError,
-                                      Unavailable)
+from pagedserve.common.errors import InvalidArgument, PagedServeError, Unavailable
 from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from pagedserve.protocol.sampling_codec import sampling_from_proto

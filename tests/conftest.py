@@ -27,10 +27,8 @@ pytest.register_assert_rewrite("tests.support")
 
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
 from pagedserve.supervisor.redis_server import RedisProcess  # noqa: E402
-from pagedserve.supervisor.service_process import \
-    AllocatorProcess  # noqa: E402
-from tests.support.allocator_wire import (TOKEN, Executor,  # noqa: E402
-                                          register)
+from pagedserve.supervisor.service_process import AllocatorProcess  # noqa: E402
+from tests.support.allocator_wire import TOKEN, Executor, register  # noqa: E402
 
 
 @pytest.fixture

@@ -10,12 +10,10 @@ import torch
 from executor_service.engine.block_allocator import BlockAllocator
 from executor_service.engine.context_window import served_window
 from executor_service.engine.engine import Engine
-from executor_service.engine.memory_profile import (kv_cache_budget,
-                                                    measure_gpu_memory)
+from executor_service.engine.memory_profile import kv_cache_budget, measure_gpu_memory
 from executor_service.engine.scheduler import SchedulerConfig
 from executor_service.model.causal_lm import CausalLM
-from executor_service.model.compiled_forward import (compile_segments,
-                                                     compile_wanted, warm_up)
+from executor_service.model.compiled_forward import compile_segments, compile_wanted, warm_up
 from executor_service.model.loader import load_model, resolve_dtype
 from executor_service.model.model_config import ModelConfig
 from kernels import KvCacheSpec, allocate_kv_cache

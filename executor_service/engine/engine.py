@@ -21,8 +21,7 @@ from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Request, Sequence, SequenceStatus
 from executor_service.engine.request_output import RequestOutput
-from executor_service.engine.sampler import (Sampler, SamplingRow, child_seed,
-                                             make_generator)
+from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
 from executor_service.engine.step_inputs import StepInputs
 from executor_service.engine.step_plan import StepPlan, append_op

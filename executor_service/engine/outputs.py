@@ -3,9 +3,7 @@ choices that finished and why, and the usage once the whole request is done."""
 from __future__ import annotations
 
 from executor_service.engine.request import Request, Sequence
-from executor_service.engine.request_output import (RequestOutput,
-                                                    SequenceDelta,
-                                                    TokenLogprob, Usage)
+from executor_service.engine.request_output import RequestOutput, SequenceDelta, TokenLogprob, Usage
 from executor_service.engine.sampler import TokenLogprobs
 
 

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from executor_service.engine.token_counts import TokenCounts
-from pagedserve.protocol.sampling_params import (GREEDY_BELOW_TEMPERATURE,
-                                                 MAX_SEED, SamplingParams)
+from pagedserve.protocol.sampling_params import GREEDY_BELOW_TEMPERATURE, MAX_SEED, SamplingParams
 
 
 @dataclass(slots=True)

@@ -37,8 +37,7 @@ from dataclasses import dataclass
 
 from executor_service.engine.request import Request, Sequence, SequenceStatus
 from executor_service.engine.step_plan import StepPlan
-from pagedserve.protocol.block_ops import (AllocateOp, ForkOp, OpResult,
-                                           OpStatus, StepResult)
+from pagedserve.protocol.block_ops import AllocateOp, ForkOp, OpResult, OpStatus, StepResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from executor_service.engine.request import Sequence
-from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp,
-                                           ForkOp, FreeOp)
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp
 
 
 @dataclass(slots=True)

@@ -14,8 +14,7 @@ from executor_service.model.attention import Attention
 from executor_service.model.attention_batch import AttentionBatch
 from executor_service.model.layers import RMSNorm, SwiGLU
 from executor_service.model.model_config import ModelConfig
-from executor_service.model.packed_linear import (PackedLinear, linear,
-                                                  pack_if_supported)
+from executor_service.model.packed_linear import PackedLinear, linear, pack_if_supported
 from executor_service.model.rope import RotaryEmbedding
 from kernels import layer_caches
 

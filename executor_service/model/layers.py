@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor_service.model.packed_linear import (PackedLinear, linear,
-                                                  pack_if_supported)
+from executor_service.model.packed_linear import PackedLinear, linear, pack_if_supported
 
 
 class RMSNorm(nn.Module):

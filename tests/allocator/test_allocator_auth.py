@@ -8,8 +8,8 @@ from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import AllocatorProcess
 from tests.support.allocator_wire import (TOKEN, Code, allocate,
-                                          assert_health_and_reflection_answer,
-                                          register, rpc_error, seq_ids)
+                                          assert_health_and_reflection_answer, register, rpc_error,
+                                          seq_ids)
 
 pytestmark = pytest.mark.timeout(60)
 

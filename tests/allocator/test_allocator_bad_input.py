@@ -14,11 +14,9 @@ from grpc_health.v1 import health_pb2
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import AllocatorProcess
-from tests.support.allocator_wire import (Code, Executor, allocate, append,
-                                          fork, free, health_status,
-                                          pool_stats, rpc_error)
-from tests.support.oversized_messages import (OVERSIZED_CHARS, OVERSIZED_INPUT,
-                                              OVERSIZED_MESSAGE,
+from tests.support.allocator_wire import (Code, Executor, allocate, append, fork, free,
+                                          health_status, pool_stats, rpc_error)
+from tests.support.oversized_messages import (OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE,
                                               oversized_channel)
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,16 +13,12 @@ import pytest
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.supervisor.redis_server import REDIS_SERVER, RedisProcess
 from pagedserve.supervisor.service_process import AllocatorProcess
-from tests.support.allocator_wire import (Code, Executor, allocate, append,
-                                          free, register, rpc_error)
-from tests.support.durability import (CONTINUATION, MIXED_WORKLOAD,
-                                      MIXED_WORKLOAD_OUTCOMES, NAMESPACE, OK,
-                                      POOL_RESET, STORED, applied_seq,
-                                      assert_audit_clean, journal, kill_9,
-                                      observed_state, outcomes, reattach,
-                                      register_pools, retry_all, rpc_events,
-                                      run_workload, settled_snapshot_seq,
-                                      snapshot_seq, stubs)
+from tests.support.allocator_wire import Code, Executor, allocate, append, free, register, rpc_error
+from tests.support.durability import (CONTINUATION, MIXED_WORKLOAD, MIXED_WORKLOAD_OUTCOMES,
+                                      NAMESPACE, OK, POOL_RESET, STORED, applied_seq,
+                                      assert_audit_clean, journal, kill_9, observed_state, outcomes,
+                                      reattach, register_pools, retry_all, rpc_events, run_workload,
+                                      settled_snapshot_seq, snapshot_seq, stubs)
 from tests.support.polling import wait_timed
 
 pytestmark = [

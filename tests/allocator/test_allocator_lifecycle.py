@@ -12,8 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (REPO_ROOT, AllocatorProcess,
-                                                   AllocatorStartError,
+from pagedserve.supervisor.service_process import (REPO_ROOT, AllocatorProcess, AllocatorStartError,
                                                    hermetic_env)
 from tests.support.allocator_wire import register
 

@@ -18,11 +18,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import AllocatorProcess
-from tests.support.allocator_wire import (ADMIN, Code, Executor, allocate,
-                                          append,
-                                          assert_health_and_reflection_answer,
-                                          fork, free, pool_stats, register,
-                                          rpc_error, seq_ids)
+from tests.support.allocator_wire import (ADMIN, Code, Executor, allocate, append,
+                                          assert_health_and_reflection_answer, fork, free,
+                                          pool_stats, register, rpc_error, seq_ids)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,17 +14,15 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
-                                 precondition, rule)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from allocator_service.core.allocator import Allocator, StepResult
 from allocator_service.core.audit import audit_pool
 from allocator_service.core.block_hash import BlockHash, chain_hash
-from allocator_service.core.errors import (StaleEpoch, StepIdReused,
-                                           StepIdTooOld)
+from allocator_service.core.errors import StaleEpoch, StepIdReused, StepIdTooOld
 from allocator_service.core.executor_pool import ExecutorPool, blocks_for
-from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp,
-                                           ForkOp, FreeOp, InvalidOp, OpStatus)
+from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
+                                           OpStatus)
 
 LEASE_TTL = 10
 STEP_LOG_SIZE = 4

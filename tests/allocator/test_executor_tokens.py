@@ -15,12 +15,9 @@ import pytest
 from allocator_service.server.executor_tokens import parse_executor_tokens
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (REPO_ROOT, AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   hermetic_env,
-                                                   pagedctl_audit)
-from tests.support.allocator_wire import (Code, allocate, register, rpc_error,
-                                          seq_ids)
+from pagedserve.supervisor.service_process import (REPO_ROOT, AllocatorProcess, ExecutorProcess,
+                                                   hermetic_env, pagedctl_audit)
+from tests.support.allocator_wire import Code, allocate, register, rpc_error, seq_ids
 from tests.support.executor_session import Stream, tokens_of
 from tests.support.polling import wait_for
 

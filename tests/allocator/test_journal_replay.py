@@ -12,8 +12,7 @@ import pytest
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
-from allocator_service.core.errors import (StaleEpoch, StepIdReused,
-                                           UnknownExecutor)
+from allocator_service.core.errors import StaleEpoch, StepIdReused, UnknownExecutor
 from allocator_service.core.kv_events import KvEvent
 from allocator_service.durability import commands, snapshot
 from allocator_service.durability.commands import Command, CorruptJournal
@@ -24,8 +23,7 @@ from allocator_service.server.allocator_servicer import AllocatorServicer
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.errors import InvalidArgument, Unavailable
 from pagedserve.protocol.block_codec import op_to_proto
-from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp,
-                                           ForkOp, FreeOp, InvalidOp,
+from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
                                            StepResult)
 from tests.support.allocator_core import A10, core_state
 

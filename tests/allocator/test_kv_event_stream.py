@@ -15,13 +15,11 @@ import pytest
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.supervisor.redis_server import REDIS_SERVER, RedisProcess
 from pagedserve.supervisor.service_process import AllocatorProcess
-from tests.support.allocator_wire import (Code, Executor, allocate, append,
-                                          free, register)
-from tests.support.durability import (MIXED_WORKLOAD, NAMESPACE, POOL_RESET,
-                                      REMOVED, STORED, cached_blocks, journal,
-                                      kill_9, observed_state, redis_events,
-                                      register_pools, replay, rpc_events,
-                                      run_workload, snapshot_seq, stubs)
+from tests.support.allocator_wire import Code, Executor, allocate, append, free, register
+from tests.support.durability import (MIXED_WORKLOAD, NAMESPACE, POOL_RESET, REMOVED, STORED,
+                                      cached_blocks, journal, kill_9, observed_state, redis_events,
+                                      register_pools, replay, rpc_events, run_workload,
+                                      snapshot_seq, stubs)
 from tests.support.polling import wait_timed
 
 pytestmark = [

@@ -17,18 +17,15 @@ from hypothesis.stateful import invariant
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.block_hash import chain_hash, root_hash
-from allocator_service.core.kv_events import (KvEvent, KvEventType,
-                                              PoolResetReason)
+from allocator_service.core.kv_events import KvEvent, KvEventType, PoolResetReason
 from allocator_service.durability import commands
 from allocator_service.durability.commands import Command
 from allocator_service.durability.state import AllocatorState
 from allocator_service.durability.state_store import MemoryStore
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp, FreeOp
-from tests.allocator.test_allocator_stateful import (AllocatorMachine,
-                                                     WeakHashAllocatorMachine)
-from tests.support.allocator_core import (A10, BLOCK_SIZE, NUM_BLOCKS,
-                                          parent_blind_hash, step)
+from tests.allocator.test_allocator_stateful import AllocatorMachine, WeakHashAllocatorMachine
+from tests.support.allocator_core import A10, BLOCK_SIZE, NUM_BLOCKS, parent_blind_hash, step
 
 STORED, REMOVED, RESET = (KvEventType.BLOCK_STORED, KvEventType.BLOCK_REMOVED,
                           KvEventType.POOL_RESET)

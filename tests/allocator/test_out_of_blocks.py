@@ -7,10 +7,8 @@ behind them.
 from __future__ import annotations
 
 from allocator_service.core.executor_pool import ExecutorPool
-from pagedserve.protocol.block_ops import (AllocateOp, Allocation, AppendOp,
-                                           OpStatus)
-from tests.support.allocator_core import (A9, free_ids, new_pool, registered,
-                                          snapshot)
+from pagedserve.protocol.block_ops import AllocateOp, Allocation, AppendOp, OpStatus
+from tests.support.allocator_core import A9, free_ids, new_pool, registered, snapshot
 
 
 def _pool_with_three_free_and_two_cached() -> ExecutorPool:

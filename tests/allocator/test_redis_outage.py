@@ -17,22 +17,16 @@ import pytest
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
-from pagedserve.supervisor.redis_server import (REDIS_SERVER, RedisProcess,
-                                                free_port)
-from pagedserve.supervisor.service_process import (READY_PREFIX, REPO_ROOT,
-                                                   AllocatorProcess,
+from pagedserve.supervisor.redis_server import REDIS_SERVER, RedisProcess, free_port
+from pagedserve.supervisor.service_process import (READY_PREFIX, REPO_ROOT, AllocatorProcess,
                                                    hermetic_env)
-from tests.support.allocator_wire import (ADMIN, ALLOCATOR, Code, Executor,
-                                          allocate, append, fork, free,
-                                          health_status, register, rpc_error)
-from tests.support.durability import (CONTINUATION, MIXED_WORKLOAD,
-                                      NOT_SERVING, OK, POOL_RESET, STORED,
-                                      applied_seq, assert_audit_clean,
-                                      cached_blocks, journal, kill_9,
-                                      not_serving, observed_state, outcomes,
-                                      redis_events, register_pools, replay,
-                                      rpc_events, run_workload, serving,
-                                      snapshot_seq, stubs)
+from tests.support.allocator_wire import (ADMIN, ALLOCATOR, Code, Executor, allocate, append, fork,
+                                          free, health_status, register, rpc_error)
+from tests.support.durability import (CONTINUATION, MIXED_WORKLOAD, NOT_SERVING, OK, POOL_RESET,
+                                      STORED, applied_seq, assert_audit_clean, cached_blocks,
+                                      journal, kill_9, not_serving, observed_state, outcomes,
+                                      redis_events, register_pools, replay, rpc_events,
+                                      run_workload, serving, snapshot_seq, stubs)
 from tests.support.polling import wait_timed
 
 pytestmark = [

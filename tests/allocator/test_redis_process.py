@@ -13,8 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from pagedserve.supervisor import redis_server as redis_server_module
-from pagedserve.supervisor.redis_server import (HOST, RedisProcess,
-                                                RedisStartError)
+from pagedserve.supervisor.redis_server import HOST, RedisProcess, RedisStartError
 
 pytestmark = pytest.mark.skipif(shutil.which(redis_server_module.REDIS_SERVER) is None,
                                 reason="redis-server is not installed")

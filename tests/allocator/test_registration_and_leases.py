@@ -8,8 +8,7 @@ from allocator_service.core.errors import StaleEpoch, UnknownExecutor
 from pagedserve.common.errors import InvalidArgument
 from pagedserve.protocol.block_ops import AllocateOp, FreeOp
 from pagedserve.protocol.limits import Limits
-from tests.support.allocator_core import (A9, BLOCK_SIZE, NUM_BLOCKS, free_ids,
-                                          registered)
+from tests.support.allocator_core import A9, BLOCK_SIZE, NUM_BLOCKS, free_ids, registered
 
 
 class FakeClock:

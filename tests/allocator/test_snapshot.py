@@ -22,14 +22,11 @@ from allocator_service.core.block_hash import chain_hash, root_hash
 from allocator_service.core.errors import StepIdReused
 from allocator_service.core.inspection import BlockState, block_views
 from allocator_service.durability import snapshot
-from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp,
-                                           FreeOp, OpResult, OpStatus,
+from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp, FreeOp, OpResult, OpStatus,
                                            StepResult)
-from tests.allocator.test_allocator_stateful import (LEASE_TTL, STEP_LOG_SIZE,
-                                                     AllocatorMachine,
+from tests.allocator.test_allocator_stateful import (LEASE_TTL, STEP_LOG_SIZE, AllocatorMachine,
                                                      WeakHashAllocatorMachine)
-from tests.support.allocator_core import (A10, BLOCK_SIZE, NUM_BLOCKS,
-                                          core_state, free_ids, step,
+from tests.support.allocator_core import (A10, BLOCK_SIZE, NUM_BLOCKS, core_state, free_ids, step,
                                           step_digest_of, weak_hash)
 
 

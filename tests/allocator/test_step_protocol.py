@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from allocator_service.core.errors import (StepIdReused, StepIdTooOld,
-                                           UnknownSequence)
+from allocator_service.core.errors import StepIdReused, StepIdTooOld, UnknownSequence
 from allocator_service.core.executor_pool import PromptTooLarge
-from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp,
-                                           FreeOp, InvalidOp, OpStatus)
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp, FreeOp, InvalidOp, OpStatus
 from pagedserve.protocol.limits import Limits
-from tests.support.allocator_core import (free_ids, new_pool, registered,
-                                          snapshot)
+from tests.support.allocator_core import free_ids, new_pool, registered, snapshot
 
 # -- caller errors: per-op statuses in a Step, exceptions below it --------------------------------
 

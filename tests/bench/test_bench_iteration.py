@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.iteration.probe import (FORWARD, MIRROR, OUTPUT, PHASES, PLAN, PREP,
-                                   SAMPLING, STEP, Recorder)
+from bench.iteration.probe import (FORWARD, MIRROR, OUTPUT, PHASES, PLAN, PREP, SAMPLING, STEP,
+                                   Recorder)
 from tests.support.bench_runs import BENCH_ENV
 
 ROOT = Path(__file__).resolve().parents[2]

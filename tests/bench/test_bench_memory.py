@@ -13,8 +13,7 @@ import pytest
 
 from allocator_service.local_block_allocator import LocalBlockAllocator
 from bench.memory.paged import MAX_NUM_SEQS, replay_paged, stand_in_engine
-from bench.memory.reservation import (max_length_reservation,
-                                      power_of_two_reservation,
+from bench.memory.reservation import (max_length_reservation, power_of_two_reservation,
                                       replay_reservations)
 from bench.memory.samples import Sample
 from bench.memory.workload import QUICK, draw_workload

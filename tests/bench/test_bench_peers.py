@@ -12,8 +12,7 @@ from pathlib import Path
 from bench.peers import checkpoint, install
 from bench.peers import report as peers_report
 from bench.peers.__main__ import round_order
-from bench.peers.client import (BenchResult, ClientSettings, bench_command,
-                                parse_result)
+from bench.peers.client import BenchResult, ClientSettings, bench_command, parse_result
 from bench.peers.plot import write_plot
 from bench.peers.report import Agreement, Results, Run, WorkloadResult
 from bench.peers.stacks import PAGEDSERVE, VLLM

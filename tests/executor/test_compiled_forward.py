@@ -3,7 +3,6 @@ tokens still transformers' for every architecture, every graph compiled at start
 while serving, and the choice of when to compile."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch._dynamo
@@ -12,11 +11,9 @@ from torch._dynamo.utils import counters
 from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
-from executor_service.model.compiled_forward import (WARM_UP_TOKENS,
-                                                     compile_wanted)
+from executor_service.model.compiled_forward import WARM_UP_TOKENS, compile_wanted
 from pagedserve.protocol.sampling_params import SamplingParams
-from tests.support.model_checkpoints import (ARCHITECTURES, random_prompts,
-                                             transformers_greedy,
+from tests.support.model_checkpoints import (ARCHITECTURES, random_prompts, transformers_greedy,
                                              write_checkpoint)
 
 MAX_NEW = 12

@@ -6,8 +6,7 @@ import pytest
 
 from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.build import EngineOptions, build_engine
-from executor_service.engine.context_window import (WindowOverCache,
-                                                    served_window)
+from executor_service.engine.context_window import WindowOverCache, served_window
 from executor_service.engine.offline import generate
 from pagedserve.protocol.sampling_params import SamplingParams
 from tests.support.model_checkpoints import random_prompts, write_checkpoint

@@ -13,16 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor_service.model.embedded import (BAN_WEIGHT, BANNED_TOKEN_IDS,
-                                             BOS_TOKEN_ID, CHAT_TEMPLATE,
-                                             EMBEDDED_MODEL_NAME,
-                                             EMBEDDED_MODEL_VERSION,
-                                             ENDING_TOKEN_IDS, ENDING_WEIGHT,
-                                             EOS_TOKEN_ID, HELD_DIM,
-                                             HELD_VALUE, MARKER_FILE,
-                                             PRINTABLE_BYTES, RECIPE,
-                                             SPECIAL_TOKENS, VOCAB_SIZE,
-                                             byte_symbols, embedded_model_dir,
+from executor_service.model.embedded import (BAN_WEIGHT, BANNED_TOKEN_IDS, BOS_TOKEN_ID,
+                                             CHAT_TEMPLATE, EMBEDDED_MODEL_NAME,
+                                             EMBEDDED_MODEL_VERSION, ENDING_TOKEN_IDS,
+                                             ENDING_WEIGHT, EOS_TOKEN_ID, HELD_DIM, HELD_VALUE,
+                                             MARKER_FILE, PRINTABLE_BYTES, RECIPE, SPECIAL_TOKENS,
+                                             VOCAB_SIZE, byte_symbols, embedded_model_dir,
                                              held_dim_floor, random_weights,
                                              write_embedded_checkpoint)
 

@@ -13,8 +13,7 @@ from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
 from pagedserve.protocol.sampling_params import SamplingParams
-from tests.support.model_checkpoints import (ARCHITECTURES, random_prompts,
-                                             transformers_greedy,
+from tests.support.model_checkpoints import (ARCHITECTURES, random_prompts, transformers_greedy,
                                              write_checkpoint)
 
 MAX_NEW = 20

@@ -11,13 +11,10 @@ from grpc import StatusCode
 
 from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, pagedctl_audit
 from tests.support.allocator_wire import used_blocks
 from tests.support.executor_session import Stream, tokens_of
-from tests.support.oversized_messages import (OVERSIZED_CHARS, OVERSIZED_INPUT,
-                                              OVERSIZED_MESSAGE,
+from tests.support.oversized_messages import (OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE,
                                               oversized_channel)
 from tests.support.polling import wait_for
 

@@ -16,9 +16,7 @@ from executor_service.model.tokenizer_files import load_tokenizer_files
 from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from pagedserve.protocol.sampling_params import SamplingParams
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, pagedctl_audit
 from tests.support.allocator_wire import used_blocks
 from tests.support.executor_session import Stream, tokens_of
 from tests.support.polling import wait_for

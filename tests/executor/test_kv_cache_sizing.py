@@ -9,13 +9,9 @@ import torch
 
 from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.config import parse_config
-from executor_service.engine.build import (DEFAULT_CPU_KV_CACHE_MEMORY,
-                                           EngineOptions, build_engine)
-from executor_service.engine.memory_profile import (GpuMemory,
-                                                    NotEnoughGpuMemory,
-                                                    kv_cache_budget,
-                                                    largest_forward,
-                                                    measure_gpu_memory)
+from executor_service.engine.build import DEFAULT_CPU_KV_CACHE_MEMORY, EngineOptions, build_engine
+from executor_service.engine.memory_profile import (GpuMemory, NotEnoughGpuMemory, kv_cache_budget,
+                                                    largest_forward, measure_gpu_memory)
 from executor_service.model.causal_lm import CausalLM
 from executor_service.model.embedded import write_embedded_checkpoint
 from executor_service.model.loader import load_model

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from executor_service.model.embedded import write_embedded_checkpoint
 from executor_service.model.loader import load_model
 from executor_service.model.model_config import ModelConfig
-from executor_service.model.packed_linear import (PACKED_MIN_MACS,
-                                                  PackedLinear, linear,
+from executor_service.model.packed_linear import (PACKED_MIN_MACS, PackedLinear, linear,
                                                   packing_supported)
 
 needs_onednn = pytest.mark.skipif(not packing_supported(torch.zeros(1, 1)),

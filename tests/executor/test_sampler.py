@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-from executor_service.engine.sampler import (Sampler, SamplingRow,
-                                             apply_penalties, child_seed,
+from executor_service.engine.sampler import (Sampler, SamplingRow, apply_penalties, child_seed,
                                              make_generator)
 from executor_service.engine.stop_check import finish_reason
 from pagedserve.common.errors import InvalidArgument
@@ -256,8 +255,7 @@ def test_finish_reason(params, output, num_tokens, expected):
 def test_small_top_k_cuts_exactly_what_the_full_sort_cuts():
     """Many ties (logits rounded to a coarse grid), every row its own k and p, the last
     token id often kept: the candidates-only path must equal the full stable sort."""
-    from executor_service.engine.sampler import (_truncate_small_k,
-                                                 _truncate_sorted)
+    from executor_service.engine.sampler import _truncate_small_k, _truncate_sorted
 
     generator = torch.Generator().manual_seed(7)
     for trial in range(20):

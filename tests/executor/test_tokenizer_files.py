@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from executor_service.model.embedded import (VOCAB_SIZE,
-                                             write_embedded_checkpoint)
+from executor_service.model.embedded import VOCAB_SIZE, write_embedded_checkpoint
 from executor_service.model.model_config import UnsupportedModel
 from executor_service.model.tokenizer_files import load_tokenizer_files
 

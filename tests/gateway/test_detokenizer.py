@@ -15,11 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders
 
-from executor_service.model.embedded import (EOS_TOKEN_ID,
-                                             write_embedded_checkpoint)
+from executor_service.model.embedded import EOS_TOKEN_ID, write_embedded_checkpoint
 from gateway.detokenizer import IncrementalDetokenizer
-from tests.support.sample_tokenizers import (SAMPLES, bytelevel_bpe,
-                                             sentencepiece_bpe)
+from tests.support.sample_tokenizers import SAMPLES, bytelevel_bpe, sentencepiece_bpe
 
 FFFD = "\ufffd"
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import gateway_stack, pagedctl_audit
 from tests.support.allocator_wire import used_blocks
-from tests.support.oversized_messages import (OVERSIZED_CHARS, OVERSIZED_INPUT,
-                                              OVERSIZED_MESSAGE,
+from tests.support.oversized_messages import (OVERSIZED_CHARS, OVERSIZED_INPUT, OVERSIZED_MESSAGE,
                                               oversized_channel)
 from tests.support.polling import wait_for
 

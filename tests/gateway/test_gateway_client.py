@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from pagedserve.gateway_client import Completion, GatewayClient, ModelInfo
-from pagedserve.supervisor.service_process import (REPO_ROOT, GatewayProcess,
-                                                   gateway_stack, hermetic_env)
+from pagedserve.supervisor.service_process import (REPO_ROOT, GatewayProcess, gateway_stack,
+                                                   hermetic_env)
 
 MODEL = "pagedserve-embedded-llama"
 

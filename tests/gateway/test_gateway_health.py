@@ -9,9 +9,7 @@ import pytest
 from pagedserve.common.client import is_serving
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   GatewayProcess)
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from tests.support.polling import wait_for
 
 

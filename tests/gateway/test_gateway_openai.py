@@ -9,9 +9,7 @@ import pytest
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (GatewayProcess,
-                                                   gateway_stack,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack, pagedctl_audit
 from tests.support.allocator_wire import used_blocks
 from tests.support.polling import wait_for
 

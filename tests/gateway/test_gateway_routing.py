@@ -9,9 +9,7 @@ from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   GatewayProcess)
+from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
 from tests.support.allocator_wire import used_blocks
 from tests.support.polling import wait_for
 

@@ -15,9 +15,7 @@ from executor_service.model.embedded import embedded_model_dir
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 from pagedserve.protocol.sampling_params import SamplingParams
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   GatewayProcess,
-                                                   gateway_stack,
+from pagedserve.supervisor.service_process import (AllocatorProcess, GatewayProcess, gateway_stack,
                                                    pagedctl_audit)
 from tests.support.allocator_wire import used_blocks
 from tests.support.polling import wait_for

@@ -9,17 +9,14 @@ from pathlib import Path
 
 import jinja2
 import pytest
-from tokenizers import (Tokenizer, decoders, models, pre_tokenizers,
-                        processors, trainers)
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from executor_service.model.embedded import (BOS_TOKEN_ID, EOS_TOKEN_ID,
-                                             VOCAB_SIZE,
+from executor_service.model.embedded import (BOS_TOKEN_ID, EOS_TOKEN_ID, VOCAB_SIZE,
                                              write_embedded_checkpoint)
 from executor_service.model.tokenizer_files import load_tokenizer_files
-from gateway.chat_template import (DEFAULT_CHAT_TEMPLATE, ChatTemplate,
-                                   ChatTemplateError, InvalidMessage,
-                                   compile_template)
+from gateway.chat_template import (DEFAULT_CHAT_TEMPLATE, ChatTemplate, ChatTemplateError,
+                                   InvalidMessage, compile_template)
 from gateway.tokenizer import GatewayTokenizer
 from pagedserve.common.errors import InvalidArgument
 

@@ -10,13 +10,11 @@ from gateway.choice_stream import ChoiceDelta, TokenLogprob, TopLogprob
 from gateway.generation import GenerationEvent, Usage
 from gateway.generation_request import ChatMessage
 from gateway.openai_http.errors import error_body, http_status_of
-from gateway.openai_http.requests import (OpenAIParamError, param_of,
-                                          parse_chat_request,
+from gateway.openai_http.requests import (OpenAIParamError, param_of, parse_chat_request,
                                           parse_completion_request)
 from gateway.openai_http.responses import OpenAIResponder, error_of
 from pagedserve.common import errors
-from pagedserve.protocol.sampling_params import (InvalidSamplingParams,
-                                                 SamplingParams)
+from pagedserve.protocol.sampling_params import InvalidSamplingParams, SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from kernels.reference.copy_blocks import copy_blocks_reference
-from tests.support.kernel_cases import (BLOCK_SIZES, DTYPES, TRITON_DEVICES,
-                                        randn, require_triton)
+from tests.support.kernel_cases import BLOCK_SIZES, DTYPES, TRITON_DEVICES, randn, require_triton
 
 PAIRS = [(0, 5), (3, 1), (7, 2), (4, 6)]
 

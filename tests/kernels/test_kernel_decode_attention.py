@@ -7,13 +7,11 @@ import pytest
 import torch
 
 from kernels.cpu import decode_attention
-from kernels.cpu.decode_attention import (length_buckets,
-                                          paged_decode_attention_cpu)
+from kernels.cpu.decode_attention import length_buckets, paged_decode_attention_cpu
 from kernels.reference.decode_attention import paged_decode_attention_reference
-from tests.support.kernel_cases import (BLOCK_SIZES, DTYPES, KERNEL_TOLERANCE,
-                                        REFERENCE_TOLERANCE, TRITON_DEVICES,
-                                        make_paged_batch, nan_like,
-                                        plain_attention, randn, require_triton)
+from tests.support.kernel_cases import (BLOCK_SIZES, DTYPES, KERNEL_TOLERANCE, REFERENCE_TOLERANCE,
+                                        TRITON_DEVICES, make_paged_batch, nan_like, plain_attention,
+                                        randn, require_triton)
 
 ODD_CONTEXTS = [1, 15, 17, 1000]
 

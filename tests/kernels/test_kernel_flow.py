@@ -11,8 +11,7 @@ import torch
 
 import kernels
 from kernels import KvCacheSpec, allocate_kv_cache, layer_caches
-from tests.support.kernel_cases import (KERNEL_TOLERANCE, plain_attention,
-                                        randn, require_triton)
+from tests.support.kernel_cases import KERNEL_TOLERANCE, plain_attention, randn, require_triton
 
 BLOCK_SIZE, NUM_KV_HEADS, GROUP, HEAD_DIM = 16, 2, 3, 64
 SCALE = HEAD_DIM ** -0.5

@@ -9,12 +9,10 @@ import pytest
 import torch
 
 from kernels.cpu.prefill_attention import paged_prefill_attention_cpu
-from kernels.reference.prefill_attention import \
-    paged_prefill_attention_reference
-from tests.support.kernel_cases import (BLOCK_SIZES, DTYPES, KERNEL_TOLERANCE,
-                                        REFERENCE_TOLERANCE, TRITON_DEVICES,
-                                        make_paged_batch, nan_like,
-                                        plain_attention, randn, require_triton)
+from kernels.reference.prefill_attention import paged_prefill_attention_reference
+from tests.support.kernel_cases import (BLOCK_SIZES, DTYPES, KERNEL_TOLERANCE, REFERENCE_TOLERANCE,
+                                        TRITON_DEVICES, make_paged_batch, nan_like, plain_attention,
+                                        randn, require_triton)
 
 # (context after the step, new tokens): a fresh prompt, a decode-like single token, an odd chunk
 # after a cached prefix (prefix-cache hit or chunked prefill), a fresh prompt of one token, and

@@ -7,8 +7,7 @@ import torch
 
 from kernels.cpu.store_kv import store_kv_cpu
 from kernels.reference.store_kv import store_kv_reference
-from tests.support.kernel_cases import (BLOCK_SIZES, DTYPES, TRITON_DEVICES,
-                                        randn, require_triton)
+from tests.support.kernel_cases import BLOCK_SIZES, DTYPES, TRITON_DEVICES, randn, require_triton
 
 
 def store_case(*, block_size, dtype, num_blocks=9, num_kv_heads=3, head_dim=64, num_tokens=40,

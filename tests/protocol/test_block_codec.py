@@ -4,12 +4,10 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
-from pagedserve.protocol.block_codec import (op_to_proto, ops_from_proto,
-                                             step_result_from_proto,
+from pagedserve.protocol.block_codec import (op_to_proto, ops_from_proto, step_result_from_proto,
                                              step_result_to_proto)
-from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp,
-                                           FreeOp, InvalidOp, OpResult,
-                                           OpStatus, StepResult)
+from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp, FreeOp, InvalidOp,
+                                           OpResult, OpStatus, StepResult)
 
 
 def test_every_op_kind_round_trips_through_its_proto() -> None:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from pagedserve.executor.v1 import executor_pb2 as epb
 from pagedserve.gateway.v1 import gateway_pb2 as gpb
-from pagedserve.protocol.finish_reason import (finish_reason_from_proto,
-                                               finish_reason_to_proto)
-from pagedserve.protocol.sampling_codec import (sampling_from_proto,
-                                                sampling_to_proto)
-from pagedserve.protocol.sampling_params import (DEFAULT_MAX_TOKENS,
-                                                 SamplingParams)
+from pagedserve.protocol.finish_reason import finish_reason_from_proto, finish_reason_to_proto
+from pagedserve.protocol.sampling_codec import sampling_from_proto, sampling_to_proto
+from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 
 def test_both_protos_number_finish_reasons_alike() -> None:

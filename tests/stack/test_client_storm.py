@@ -23,16 +23,12 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bench.load.impatient_clients import (COMPLETE_KINDS, GIVE_UP_KINDS,
-                                          OUTCOMES, Answer, ImpatientClients,
-                                          Plan, Result, draw_plans,
-                                          wrong_answer)
+from bench.load.impatient_clients import (COMPLETE_KINDS, GIVE_UP_KINDS, OUTCOMES, Answer,
+                                          ImpatientClients, Plan, Result, draw_plans, wrong_answer)
 from bench.load.stack_leftovers import drained, gateway_outcomes
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (GatewayProcess,
-                                                   gateway_stack,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack, pagedctl_audit
 
 SEED = 1000
 REQUESTS = 1000

@@ -13,8 +13,7 @@ from allocator_service.server.config import build_parser as allocator_parser
 from executor_service.config import build_parser as executor_parser
 from gateway.config import build_parser as gateway_parser
 from pagedserve.cli.health import build_parser as health_parser
-from tests.support.compose_file import (COMPOSE_FILE, active_services,
-                                        flag_value, load_compose)
+from tests.support.compose_file import COMPOSE_FILE, active_services, flag_value, load_compose
 
 REPO = COMPOSE_FILE.parent
 PARSERS = {"allocator_service": allocator_parser, "executor_service": executor_parser,

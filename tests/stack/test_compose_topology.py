@@ -10,10 +10,8 @@ from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.gateway_client import GatewayClient
 from pagedserve.supervisor.redis_server import RedisProcess
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   GatewayProcess,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import (AllocatorProcess, ExecutorProcess,
+                                                   GatewayProcess, pagedctl_audit)
 from tests.support.allocator_wire import used_blocks
 from tests.support.compose_file import active_services, load_compose
 from tests.support.polling import wait_for

@@ -23,16 +23,12 @@ from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.executor.v1 import executor_pb2 as epb
 from pagedserve.executor.v1 import executor_pb2_grpc as epb_grpc
 from pagedserve.supervisor.redis_server import REDIS_SERVER, RedisProcess
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   GatewayProcess,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import (AllocatorProcess, ExecutorProcess,
+                                                   GatewayProcess, pagedctl_audit)
 from tests.support.allocator_wire import used_blocks
-from tests.support.drill_load import (Load, describe, matches, prompts,
-                                      undisturbed)
-from tests.support.durability import (assert_audit_clean, cached_blocks,
-                                      kill_9, not_serving, observed_state,
-                                      redis_events, replay, serving, stubs)
+from tests.support.drill_load import Load, describe, matches, prompts, undisturbed
+from tests.support.durability import (assert_audit_clean, cached_blocks, kill_9, not_serving,
+                                      observed_state, redis_events, replay, serving, stubs)
 from tests.support.polling import wait_for, wait_timed
 
 pytestmark = [

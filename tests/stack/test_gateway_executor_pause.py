@@ -17,13 +17,10 @@ import grpc
 import pytest
 
 from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   GatewayProcess,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import (AllocatorProcess, ExecutorProcess,
+                                                   GatewayProcess, pagedctl_audit)
 from tests.support.allocator_wire import used_blocks
-from tests.support.drill_load import (Load, describe, listed, matches, prompts,
-                                      undisturbed, warm_up)
+from tests.support.drill_load import Load, describe, listed, matches, prompts, undisturbed, warm_up
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.timeout(240)

@@ -14,10 +14,9 @@ from PIL import Image
 from allocator_service.core.block_hash import chain_hash, root_hash
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import (REPO_ROOT, AllocatorProcess,
-                                                   hermetic_env)
-from tests.support.allocator_wire import (TOKEN, Executor, allocate, append,
-                                          free, pool_stats, register)
+from pagedserve.supervisor.service_process import REPO_ROOT, AllocatorProcess, hermetic_env
+from tests.support.allocator_wire import (TOKEN, Executor, allocate, append, free, pool_stats,
+                                          register)
 
 pytestmark = pytest.mark.timeout(60)
 

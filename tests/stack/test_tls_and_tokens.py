@@ -17,10 +17,8 @@ from pagedserve.common.client import open_channel
 from pagedserve.executor.v1 import executor_pb2 as epb
 from pagedserve.executor.v1 import executor_pb2_grpc as epb_grpc
 from pagedserve.gateway_client import GatewayClient
-from pagedserve.supervisor.service_process import (AllocatorProcess,
-                                                   ExecutorProcess,
-                                                   GatewayProcess,
-                                                   pagedctl_audit)
+from pagedserve.supervisor.service_process import (AllocatorProcess, ExecutorProcess,
+                                                   GatewayProcess, pagedctl_audit)
 from tests.support.allocator_wire import used_blocks
 from tests.support.polling import wait_for
 from tests.support.tls_certs import make_certificates

@@ -19,8 +19,7 @@ import openai
 from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
-from executor_service.model.embedded import (EMBEDDED_MODEL_NAME,
-                                             embedded_model_dir)
+from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.tokenizer import GatewayTokenizer
 from pagedserve.allocator.v1 import allocator_pb2 as apb

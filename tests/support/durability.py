@@ -16,8 +16,8 @@ from allocator_service.core.block_hash import chain_hash
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import AllocatorProcess
-from tests.support.allocator_wire import (Executor, allocate, append, fork,
-                                          free, health_status, register)
+from tests.support.allocator_wire import (Executor, allocate, append, fork, free, health_status,
+                                          register)
 
 NAMESPACE = "pagedserve:allocator"  # the default --state-namespace
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig,
-                          Qwen2Config, Qwen3Config)
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 VOCAB = 320
 COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
