@@ -47,6 +47,9 @@ class StepInputs:
                  block_size: int, device: torch.device) -> None:
         self.block_size, self.device = block_size, device
         self._pinned = device.type == "cuda"
+        # Marks when the last iteration's copies out of the pinned buffers were done: they
+        # run asynchronously, and the next iteration writes into the same buffers.
+        self._copied: torch.cuda.Event | None = None
         self._rows: dict[Sequence, _Row] = {}
         self._tables = self._host((max_num_seqs, max_blocks_per_seq), torch.int32, fill=-1)
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))  # pop() takes the lowest
@@ -126,6 +129,8 @@ class StepInputs:
                 ) -> ForwardInputs:
         """Inputs for `decode` (one token each) then `prefill` (`chunk` tokens each, from
         the sequence's computed mark), laid out as attention_batch.py describes."""
+        if self._copied is not None:
+            self._copied.synchronize()
         block_size = self.block_size
         num_tokens = len(decode) + sum(chunk for _, chunk in prefill)
         self._reserve(num_tokens, len(decode) + len(prefill))
@@ -185,8 +190,12 @@ class StepInputs:
         if sample_rows is not None:
             self._sample_rows.numpy()[:len(sample_rows)] = sample_rows
             rows = self._device(self._sample_rows[:len(sample_rows)])
-        return ForwardInputs(self._device(self._token_ids[:num_tokens]),
-                             self._device(self._positions[:num_tokens]), batch, sampled, rows)
+        inputs = ForwardInputs(self._device(self._token_ids[:num_tokens]),
+                               self._device(self._positions[:num_tokens]), batch, sampled, rows)
+        if self._pinned:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return inputs
 
     def _device(self, host: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
