@@ -88,8 +88,11 @@ class StepInputs:
         table = seq.block_table
         if row is None:
             row = self._rows[seq] = _Row(self._take_row(), table, seq.table_edits, 0)
+            # A reused row still holds its last owner's blocks: padding must read -1.
+            self._tables[row.index] = -1
         elif row.table is not table or row.edits != seq.table_edits:
             row.table, row.edits, row.written = table, seq.table_edits, 0
+            self._tables[row.index] = -1
         if row.written < len(table):
             if len(table) > self._tables.shape[1]:
                 self._widen(len(table))

@@ -77,13 +77,14 @@ def test_the_table_buffer_is_written_only_where_a_table_changed():
 
 def test_rows_of_sequences_that_stopped_running_are_reused_and_the_buffers_grow():
     buffers = inputs(max_num_seqs=2, max_num_tokens=2)
-    first = [running(f"s{i}", 3, 2, [i]) for i in range(2)]
+    first = [running("s0", 3, 2, [0, 7, 8]), running("s1", 3, 2, [1, 2])]
     buffers.prepare(first, [])
     first[0].status = SequenceStatus.FINISHED
     newcomer = running("new", 3, 2, [5])
     step = buffers.prepare([first[1], newcomer], [])
-    assert step.batch.decode_block_tables.tolist() == [[1], [5]]
-    assert buffers._rows[newcomer].index == 0  # the finished sequence's row
+    # The finished sequence's row, its old blocks gone: padding reads -1.
+    assert step.batch.decode_block_tables.tolist() == [[1, 2], [5, -1]]
+    assert buffers._rows[newcomer].index == 0
 
     # More running sequences and tokens than the sizes given: the buffers grow.
     crowd = [running(f"c{i}", 3, 2, [10 + i]) for i in range(5)]
