@@ -252,12 +252,12 @@ def _truncate_small_k(logits: torch.Tensor, top_k: Sequence[int],
         candidates.clamp_(max=vocab - 1)
         values = logits.gather(1, candidates).masked_fill_(~valid, float("-inf"))
         values, order = values.sort(dim=-1, descending=True, stable=True)
-        candidates = candidates.gather(1, order)
-        cut = ~valid.gather(1, order)
+        candidates, valid = candidates.gather(1, order), valid.gather(1, order)
+        cut = ~valid
         _cut_top_p(values, cut, top_p)
         cut[:, 0] = False
         # Padding entries point at the last id too: adding their 0 leaves it as it is.
-        survivors = (~cut & valid.gather(1, order)).to(torch.int8)
+        survivors = (~cut & valid).to(torch.int8)
         keep = torch.zeros_like(keep, dtype=torch.int8).scatter_add_(1, candidates,
                                                                       survivors) > 0
     logits.masked_fill_(~keep, float("-inf"))

@@ -156,8 +156,7 @@ class StepInputs:
             token_ids += seq.token_ids[start:start + chunk]
             span = range(start, start + chunk)
             positions += span
-            table = seq.block_table
-            slots += [table[p // block_size] * block_size + p % block_size for p in span]
+            slots += [seq.slot(position, block_size) for position in span]
             query_start.append(query_start[-1] + chunk)
             seq_lens.append(start + chunk)
             if start + chunk == len(seq.token_ids):
