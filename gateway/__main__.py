@@ -24,7 +24,7 @@ from gateway.openai_http.server import HttpServer
 from gateway.servicer import GatewayServicer
 from pagedserve.common.aio_server import AsyncGrpcService
 from pagedserve.common.auth import AsyncBearerTokenInterceptor
-from pagedserve.common.client import open_channel
+from pagedserve.common.client import open_aio_channel, open_channel
 from pagedserve.common.logs import setup_logging
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
@@ -54,6 +54,7 @@ async def serve(config: GatewayConfig) -> int:
     allocator = open_channel(config.allocator, config.service_token, config.tls_ca)
     directory = ExecutorDirectory(
         allocator, lambda address: open_channel(address, config.service_token, config.tls_ca),
+        lambda address: open_aio_channel(address, config.service_token, config.tls_ca),
         loop, config.refresh_s)
     admission = Admission(config.max_running, config.max_queued)
     generator = Generator(directory, allocator, admission)

@@ -92,7 +92,7 @@ class ClusterCollector(Collector):
         for model in self._directory.models.values():
             for executor_id, entry in model.executors.items():
                 try:
-                    info = epb_grpc.ExecutorStub(entry.link.channel).GetInfo(
+                    info = epb_grpc.ExecutorStub(entry.channel).GetInfo(
                         epb.GetInfoRequest(), timeout=SCRAPE_TIMEOUT_S)
                 except grpc.RpcError as error:
                     log.warning("metrics: executor %s GetInfo failed: %s", executor_id,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import grpc
 import httpx
 
-from pagedserve.common.server import MAX_MESSAGE_BYTES
+from pagedserve.common.client import open_aio_channel
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 from pagedserve.gateway_client import prompt_fields
@@ -135,9 +135,7 @@ class ImpatientClients:
                  concurrency: int) -> None:
         self._prompts = prompts
         self._concurrency = concurrency
-        self._channel = grpc.aio.insecure_channel(grpc_target, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self._channel = open_aio_channel(grpc_target)
         self._stub = pb_grpc.GatewayStub(self._channel)
         self._url = f"{http_url}/v1/completions"
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)

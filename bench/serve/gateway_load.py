@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from bench.serve.metrics import RequestTrace
 from bench.throughput.workload import Workload
-from pagedserve.common.server import MAX_MESSAGE_BYTES
+from pagedserve.common.client import open_aio_channel
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 from pagedserve.gateway_client import prompt_fields
@@ -82,10 +82,7 @@ class GrpcLoad(AsyncLoad):
 
     @staticmethod
     async def _open(target: str) -> grpc.aio.Channel:
-        # open_channel's options, on an asyncio channel made inside its loop.
-        return grpc.aio.insecure_channel(target, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        return open_aio_channel(target)   # made inside the loop it belongs to
 
     async def _one(self, prompt: list[int], max_tokens: int, cache_salt: str,
                    trace: RequestTrace) -> None:

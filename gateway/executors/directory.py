@@ -41,6 +41,12 @@ UNLISTED_GRACE_S = 10.0
 class ExecutorEntry:
     info: epb.ExecutorInfo      # what GetInfo said when the link opened
     link: ExecutorLink
+    # For calls made off the event loop (GetInfo at each metrics scrape); the link has its own.
+    channel: grpc.Channel
+
+    def close(self, reason: str = "the gateway closed the link") -> None:
+        self.link.close(reason)
+        self.channel.close()
 
     @property
     def executor_id(self) -> str:
@@ -61,10 +67,14 @@ class ServedModel:
 
 class ExecutorDirectory:
     def __init__(self, allocator: grpc.Channel, open_channel: Callable[[str], grpc.Channel],
+                 open_link_channel: Callable[[str], grpc.aio.Channel],
                  loop: asyncio.AbstractEventLoop, refresh_s: float = 1.0) -> None:
-        """Links deliver to `loop`, the event loop the gateway's requests run on."""
+        """`open_channel` makes the channels this thread asks executors on (GetInfo,
+        GetTokenizer); `open_link_channel` the grpc.aio channels of the links, which run on
+        `loop`, the event loop the gateway's requests run on."""
         self._admin = apb_grpc.AllocatorAdminStub(allocator)
         self._open_channel = open_channel
+        self._open_link_channel = open_link_channel
         self._loop = loop
         self._refresh_s = refresh_s
         self._entries: dict[str, ExecutorEntry] = {}
@@ -85,7 +95,7 @@ class ExecutorDirectory:
         self._stop.set()
         self._thread.join(timeout=5)
         for entry in self._entries.values():
-            entry.link.close()
+            entry.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -121,7 +131,7 @@ class ExecutorDirectory:
                     f"{UNLISTED_GRACE_S:.0f} s (its lease lapsed)" if current is None else
                     f"executor {executor_id} moved to {current.address}")
                 log.info("dropping executor %s (%s)", executor_id, reason)
-                entry.link.close(reason)
+                entry.close(reason)
                 del self._entries[executor_id]
         for executor_id, listing in listed.items():
             if executor_id not in self._entries:
@@ -149,8 +159,9 @@ class ExecutorDirectory:
             return None
         log.info("executor %s at %s serves %s", info.executor_id, listing.address,
                  info.model_name)
-        return ExecutorEntry(info, ExecutorLink(info.executor_id, channel, listing.address,
-                                                 self._loop))
+        return ExecutorEntry(info, ExecutorLink(info.executor_id, listing.address,
+                                                 self._open_link_channel, self._loop),
+                             channel)
 
     def _group(self) -> dict[str, ServedModel]:
         models: dict[str, ServedModel] = {}

@@ -1,26 +1,29 @@
 """One Session stream to one executor, shared by every request the gateway sends there.
 
-    gateway requests (event loop)                the link                  executor
-    submit(id, ...) ──▶ asyncio queue ◀── loop ◀── reader thread ◀── Session stream (down)
-    cancel(id)      ──▶ outbox ─────────────────────────────────────▶ Session stream (up)
+    gateway requests (event loop)                          executor
+    submit(id, ...) ──▶ outbox ──▶ request stream (up) ──▶ Session
+    per-request asyncio queue ◀── reader task ◀── response stream (down)
+    cancel(id)      ──▶ outbox
 
-Each request gets its own asyncio queue. The reader thread hands every SessionResponse (all the
-updates one engine iteration made) to the event loop in one call, and the loop routes each
-RequestUpdate to its request's queue: one wake-up of the loop per iteration, however many
-streams are open. When the stream breaks (the executor died or went away), every request still
-open gets a LinkLost in its queue, so no caller waits forever, and the link refuses new
+The stream is a grpc.aio call on the gateway's event loop, so everything but `alive` and
+close() happens on the loop's thread. Each request gets its own asyncio queue. The reader task
+routes every SessionResponse (all the updates one engine iteration made) to its requests'
+queues in one pass. When the stream breaks (the executor died or went away), every request
+still open gets a LinkLost in its queue, so no caller waits forever, and the link refuses new
 submissions.
 
-submit, cancel, forget and num_open belong to the event loop's thread; `alive` and close() may
-be used from any thread (the directory's).
+Why the loop and not a reader thread on a synchronous channel (the first design): that took
+three thread hops per engine iteration (grpc's channel thread, the reader, the loop's self-pipe
+wake-up) and one more per submission (grpc's request-consuming thread); on a 2-core machine each
+hop competes with the executor for a core (docs/gateway.md, "One event loop").
+
+`alive` and close() may be used from any thread (the directory's).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -29,6 +32,7 @@ from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+CLOSE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,18 +42,23 @@ class LinkLost:
 
 
 class ExecutorLink:
-    def __init__(self, executor_id: str, channel: grpc.Channel, address: str,
+    def __init__(self, executor_id: str, address: str,
+                 open_channel: Callable[[str], grpc.aio.Channel],
                  loop: asyncio.AbstractEventLoop) -> None:
+        """Opens the stream on `loop` (an aio channel belongs to the loop it was made on); from
+        a thread other than the loop's, returns once it is open."""
         self.executor_id, self.address = executor_id, address
-        self.channel = channel
         self._loop = loop
-        self._outbox: queue.Queue[pb.SessionRequest | None] = queue.Queue()
         self._requests: dict[str, asyncio.Queue] = {}
         self.lost: str | None = None
-        self._call = pb_grpc.ExecutorStub(channel).Session(iter(self._outbox.get, None))
-        self._reader = threading.Thread(target=self._read, name=f"link-{executor_id}",
-                                        daemon=True)
-        self._reader.start()
+        self._open_channel = open_channel
+        on_loop(loop, self._open)
+
+    def _open(self) -> None:
+        self._outbox: asyncio.Queue[pb.SessionRequest | None] = asyncio.Queue()
+        self._channel = self._open_channel(self.address)
+        self._call = pb_grpc.ExecutorStub(self._channel).Session(self._outgoing())
+        self._reader = self._loop.create_task(self._read(), name=f"link-{self.executor_id}")
 
     @property
     def alive(self) -> bool:
@@ -69,7 +78,7 @@ class ExecutorLink:
             updates.put_nowait(LinkLost(self.lost))
             return updates
         self._requests[request_id] = updates
-        self._outbox.put(pb.SessionRequest(submit=pb.SubmitRequest(
+        self._outbox.put_nowait(pb.SessionRequest(submit=pb.SubmitRequest(
             request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling,
             cache_salt=cache_salt)))
         return updates
@@ -77,43 +86,44 @@ class ExecutorLink:
     def cancel(self, request_id: str) -> None:
         """Asks the executor to stop the request; its final update still arrives."""
         if request_id in self._requests and self.lost is None:
-            self._outbox.put(pb.SessionRequest(cancel=pb.CancelRequest(request_id=request_id)))
+            self._outbox.put_nowait(pb.SessionRequest(
+                cancel=pb.CancelRequest(request_id=request_id)))
 
     def forget(self, request_id: str) -> None:
         """The caller has stopped reading this request's queue."""
         self._requests.pop(request_id, None)
 
     def close(self, reason: str = "the gateway closed the link") -> None:
-        """Ends the stream; requests still open get a LinkLost saying `reason`."""
-        # Set before the cancel, so the reader reports why rather than grpc's "CANCELLED
-        # Locally cancelled by application!", and no new request is routed here meanwhile.
+        """Ends the stream; requests still open get a LinkLost saying `reason`. From a thread
+        other than the loop's, returns once the stream is down."""
+        # Set before the cancel, so the reader reports why rather than grpc's "CANCELLED",
+        # and no new request is routed here meanwhile.
         if self.lost is None:
             self.lost = reason
-        self._outbox.put(None)
+        on_loop(self._loop, self._close)
+
+    def _close(self) -> None:
+        self._outbox.put_nowait(None)
+        # The reader closes the channel once it has seen the stream end.
         self._call.cancel()
-        self._reader.join(timeout=5)
-        self.channel.close()
 
-    # -- the reader thread ----------------------------------------------------------------------
+    async def _outgoing(self) -> AsyncIterator[pb.SessionRequest]:
+        while (message := await self._outbox.get()) is not None:
+            yield message
 
-    def _read(self) -> None:
+    async def _read(self) -> None:
         try:
-            for response in self._call:
-                self._to_loop(self._route, response.updates)
+            async for response in self._call:
+                self._route(response.updates)
             reason = "the executor closed its stream"
+        except asyncio.CancelledError:
+            reason = "the gateway closed the link"
         except grpc.RpcError as error:
             reason = f"the stream to executor {self.executor_id} broke: " \
                      f"{error.code().name} {error.details()}"
         self.lost = self.lost or reason   # close() may have said why first
-        self._to_loop(self._end_all, self.lost)
-
-    def _to_loop(self, callback, argument) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, argument)
-        except RuntimeError:   # the loop is closed: the gateway is gone, so are its requests
-            pass
-
-    # -- on the event loop ----------------------------------------------------------------------
+        self._end_all(self.lost)
+        await self._channel.close()
 
     def _route(self, updates: Sequence[pb.RequestUpdate]) -> None:
         for update in updates:
@@ -130,3 +140,24 @@ class ExecutorLink:
             log.warning("%s; ending %d requests", reason, len(orphans))
         for waiting in orphans:
             waiting.put_nowait(LinkLost(reason))
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, work: Callable[[], None]) -> None:
+    """Runs `work` on `loop`'s thread: at once when called there, else through the loop,
+    waiting for it. A loop that is closed or stopped (the gateway is going away, and its
+    requests with it) runs nothing."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        work()
+        return
+
+    async def run() -> None:
+        work()
+
+    try:
+        asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=CLOSE_TIMEOUT_S)
+    except (RuntimeError, TimeoutError):
+        pass

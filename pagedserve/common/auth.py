@@ -123,3 +123,42 @@ class BearerTokenClientInterceptor(grpc.UnaryUnaryClientInterceptor,
 
     def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
         return continuation(self._with_token(details), requests)
+
+
+class _AsyncTokenCalls:
+    """Adds the token to a grpc.aio call's metadata."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._header)
+        return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
+                                          details.credentials, details.wait_for_ready)
+
+
+class _AsyncTokenUnaryUnary(_AsyncTokenCalls, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), request)
+
+
+class _AsyncTokenUnaryStream(_AsyncTokenCalls, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), request)
+
+
+class _AsyncTokenStreamUnary(_AsyncTokenCalls, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), requests)
+
+
+class _AsyncTokenStreamStream(_AsyncTokenCalls, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), requests)
+
+
+def async_bearer_token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
+    """BearerTokenClientInterceptor's counterpart on a grpc.aio channel: one interceptor per
+    kind of call, because grpc.aio files each interceptor under the first kind it implements."""
+    return [kind(token) for kind in (_AsyncTokenUnaryUnary, _AsyncTokenUnaryStream,
+                                     _AsyncTokenStreamUnary, _AsyncTokenStreamStream)]

@@ -6,14 +6,16 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagedserve.common.auth import BearerTokenClientInterceptor
+from pagedserve.common.auth import BearerTokenClientInterceptor, async_bearer_token_interceptors
 from pagedserve.common.server import MAX_MESSAGE_BYTES
+
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
 
 def open_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.Channel:
     """A channel to `target` (host:port); TLS when a CA file is given, else plaintext."""
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    options = CHANNEL_OPTIONS
     if tls_ca:
         credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
         channel = grpc.secure_channel(target, credentials, options=options)
@@ -22,6 +24,17 @@ def open_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.Channel
     if token:
         channel = grpc.intercept_channel(channel, BearerTokenClientInterceptor(token))
     return channel
+
+
+def open_aio_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.aio.Channel:
+    """open_channel's counterpart on grpc.aio. Create it on the event loop that will use it:
+    an aio channel belongs to the loop it was made on."""
+    interceptors = async_bearer_token_interceptors(token) if token else None
+    if tls_ca:
+        credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+        return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS,
+                                       interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
 def is_serving(channel: grpc.Channel, timeout_s: float = 1.0) -> bool:
