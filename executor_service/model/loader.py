@@ -2,9 +2,14 @@
 
 Weights come from `model.safetensors`, or from the shards a `model.safetensors.index.json`
 names. The model is built on the meta device (no time spent initialising weights that are
-overwritten anyway), materialised on the target device, and every parameter is filled from the
-checkpoint by name. A missing or unexpected tensor, or one of the wrong shape, refuses the
-checkpoint: it would mean the config and the weights disagree, and serving it would be wrong.
+overwritten anyway), given its serving dtype while still there, materialised on the target
+device with its projections already fused, and every parameter is filled from the checkpoint
+by name, one tensor at a time (safetensors_stream.py). So a load never holds more than the
+model in its serving dtype plus the largest single tensor: a bf16 model of a float32
+checkpoint does not pass through float32, and no shard is mapped whole.
+
+A missing or unexpected tensor, or one of the wrong shape, refuses the checkpoint: it would
+mean the config and the weights disagree, and serving it would be wrong.
 """
 from __future__ import annotations
 
@@ -12,10 +17,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from executor_service.model.causal_lm import CausalLM
 from executor_service.model.model_config import ModelConfig, UnsupportedModel
+from executor_service.model.safetensors_stream import SafetensorsReader
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Tensors some checkpoints carry that the math does not use (recomputed from the config).
@@ -55,12 +60,17 @@ def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
     directory = Path(directory)
     with torch.device("meta"):
         model = CausalLM(config)
-    model = model.to_empty(device=device).to(dtype)
+    # The dtype first, on meta (free); then real memory, once, in the serving dtype.
+    model = model.to(dtype=dtype).to_empty(device=device)
+    # Fused before loading: each q/k/v and gate/up parameter becomes a view into its fused
+    # weight, so the checkpoint's tensors land in place and no fused copy is made afterwards.
+    model.fuse_projections()
     parameters = dict(model.named_parameters())
     loaded: set[str] = set()
     for path in weight_files(directory):
-        with safe_open(str(path), framework="pt", device="cpu") as shard:
-            for name in shard.keys():
+        with SafetensorsReader(path) as shard:
+            for entry in shard.entries():
+                name = entry.name
                 if name.endswith(IGNORED_SUFFIXES):
                     continue
                 if name == "lm_head.weight" and config.tie_word_embeddings:
@@ -69,20 +79,17 @@ def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
                     raise UnsupportedModel(f"{path.name} holds {name}, which a "
                                            f"{config.architecture} with this config does not "
                                            "have")
-                tensor = shard.get_tensor(name)
                 target = parameters[name]
-                if tensor.shape != target.shape:
-                    raise UnsupportedModel(f"{name} is {tuple(tensor.shape)} in {path.name}, "
+                if entry.shape != tuple(target.shape):
+                    raise UnsupportedModel(f"{name} is {entry.shape} in {path.name}, "
                                            f"the config implies {tuple(target.shape)}")
-                with torch.no_grad():
-                    target.copy_(tensor.to(dtype))
+                shard.read_into(entry, target)
                 loaded.add(name)
     missing = sorted(set(parameters) - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
                                           else "")
         raise UnsupportedModel(f"the checkpoint in {directory} lacks {shown}")
-    model.fuse_projections()
     if pack_weights:
         model.pack_weights()
     model.build_rotary(max_positions, device)
