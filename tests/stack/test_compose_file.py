@@ -18,7 +18,7 @@ from tests.support.compose_file import COMPOSE_FILE, active_services, flag_value
 REPO = COMPOSE_FILE.parent
 PARSERS = {"allocator_service": allocator_parser, "executor_service": executor_parser,
            "gateway": gateway_parser}
-OURS = ["allocator", "executor", "executor-cpu", "gateway"]
+OURS = ["allocator", "executor-gpu0", "executor-cpu", "gateway"]
 # Read outside the argument parsers: the shared token, the gateway's key list, the model cache.
 EXTRA_VARIABLES = {"PAGEDSERVE_AUTH_TOKEN", "PAGEDSERVE_GATEWAY_API_KEYS",
                    "PAGEDSERVE_CACHE_DIR"}
@@ -62,22 +62,22 @@ def test_redis_is_persistent_and_healthy(services):
 
 
 def test_services_wait_for_what_they_depend_on_to_be_healthy(services):
-    expected = {"allocator": {"redis"}, "executor": {"allocator"},
+    expected = {"allocator": {"redis"}, "executor-gpu0": {"allocator"},
                 "executor-cpu": {"allocator"},
-                "gateway": {"allocator", "executor", "executor-cpu"}}
+                "gateway": {"allocator", "executor-gpu0", "executor-cpu"}}
     for name, needs in expected.items():
         depends = services[name]["depends_on"]
         assert set(depends) == needs, name
         assert all(d["condition"] == "service_healthy" for d in depends.values())
     # Only one executor profile runs at a time: the gateway must not need the other.
-    assert services["gateway"]["depends_on"]["executor"]["required"] is False
+    assert services["gateway"]["depends_on"]["executor-gpu0"]["required"] is False
     assert services["gateway"]["depends_on"]["executor-cpu"]["required"] is False
 
 
 def test_addresses_between_services_match_their_ports(services):
     _, allocator = module_and_args(services["allocator"]["command"])
     allocator_address = f"allocator:{flag_value(allocator, '--port')}"
-    for name in ("executor", "executor-cpu", "gateway"):
+    for name in ("executor-gpu0", "executor-cpu", "gateway"):
         _, args = module_and_args(services[name]["command"])
         assert flag_value(args, "--allocator") == allocator_address, name
     state_url = flag_value(allocator, "--state-url")
@@ -88,27 +88,74 @@ def test_the_gateway_publishes_its_grpc_and_http_ports(services):
     _, args = module_and_args(services["gateway"]["command"])
     published = {port.rsplit(":", 1)[1] for port in services["gateway"]["ports"]}
     assert published == {flag_value(args, "--port"), flag_value(args, "--http-port")}
-    for name in ("allocator", "executor", "executor-cpu", "redis"):
+    for name in ("allocator", "executor-gpu0", "executor-cpu", "redis"):
         assert "ports" not in services[name], f"{name} stays inside the compose network"
 
 
-def test_the_gpu_executor_reserves_a_gpu_and_mounts_the_model_read_only(services):
-    executor = services["executor"]
-    (device,) = executor["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
-    assert device["count"] == 1, "one GPU per replica: --scale executor=N adds GPUs"
-    assert "container_name" not in executor, "a fixed name would forbid --scale"
-    _, args = module_and_args(executor["command"])
-    (volume,) = executor["volumes"]
-    assert volume.endswith(f":{flag_value(args, '--model')}:ro")
-    assert flag_value(args, "--device") == "cuda"
-    assert executor["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+def gpu_executors(services) -> dict[str, dict]:
+    return {name: service for name, service in services.items()
+            if "gpu" in service.get("profiles", ())}
+
+
+def test_each_gpu_executor_owns_one_distinct_gpu_and_mounts_the_model_read_only(services):
+    executors = gpu_executors(services)
+    assert "executor-gpu0" in executors
+    devices = []
+    for name, executor in executors.items():
+        (device,) = executor["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+        # `count: 1` per replica of one scaled service let every replica land on GPU 0, each
+        # sizing its cache to 90 % of the same memory: a pinned device per service instead.
+        assert "count" not in device, name
+        (device_id,) = device["device_ids"]
+        assert name == f"executor-gpu{device_id}", "named after its GPU"
+        devices.append(device_id)
+        _, args = module_and_args(executor["command"])
+        model = next(v for v in executor["volumes"] if v.endswith(":ro"))
+        assert model.endswith(f":{flag_value(args, '--model')}:ro")
+        assert flag_value(args, "--device") == "cuda"
+        assert executor["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+    assert len(set(devices)) == len(devices)
+    # How to add GPU N is written where an operator looks.
+    assert 'device_ids: ["N"]' in COMPOSE_FILE.read_text()
+
+
+def test_compiled_kernels_live_in_a_volume_where_the_image_points_its_caches(services):
+    text = (REPO / "docker" / "Dockerfile.cuda").read_text()
+    caches = dict(re.findall(r"(TRITON_CACHE_DIR|TORCHINDUCTOR_CACHE_DIR)=(\S+)", text))
+    assert set(caches) == {"TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"}
+    volumes = load_compose()["volumes"]
+    for name, executor in gpu_executors(services).items():
+        mounts = dict(v.split(":", 1)[::-1] for v in executor["volumes"] if not v.endswith(":ro"))
+        (mount_point,) = mounts
+        assert mounts[mount_point] in volumes, "a named volume: it outlives the container"
+        for path in caches.values():
+            assert path.startswith(mount_point + "/"), f"{name}: {path} is not in the volume"
+
+
+def test_the_cuda_image_can_build_triton_launchers_and_matches_torch_cuda():
+    text = (REPO / "docker" / "Dockerfile.cuda").read_text()
+    apt = next(line for line in text.replace("\\\n", " ").splitlines()
+               if "apt-get install" in line)
+    for package in ("python3-dev", "build-essential"):
+        assert package in apt.split(), f"{package}: Triton compiles its launcher at run time"
+    # torch==2.13.0 from PyPI is a CUDA 13 build: with no index given, the base must be CUDA
+    # 13 and the driver it needs stated; with a CUDA-specific index, its CUDA must match.
+    base = re.search(r"ARG CUDA_IMAGE=nvidia/cuda:(\d+)\.(\d+)", text)
+    index = re.search(r"ARG TORCH_INDEX_URL=(\S*)", text)
+    assert base and index
+    if index.group(1):
+        assert re.search(rf"/cu{base.group(1)}{base.group(2)}\d?$", index.group(1))
+    else:
+        assert base.group(1) == "13"
+        assert "driver >= 580" in text
+    assert "torch.version.cuda" in text, "the build fails on a CPU-only torch"
 
 
 def test_the_cpu_profile_runs_the_same_stack_without_gpus():
     compose = load_compose()
     gpu, cpu = active_services(compose, "gpu"), active_services(compose, "cpu")
-    assert set(gpu) == {"redis", "allocator", "executor", "gateway"}
+    assert set(gpu) == {"redis", "allocator", "executor-gpu0", "gateway"}
     assert set(cpu) == {"redis", "allocator", "executor-cpu", "gateway"}
     executor = cpu["executor-cpu"]
     assert "deploy" not in executor and "volumes" not in executor
@@ -144,6 +191,6 @@ def test_every_image_is_built_by_a_dockerfile_that_exists():
 def test_environment_variables_override_the_defaults():
     compose = load_compose({"PAGEDSERVE_MODEL_DIR": "/srv/llama", "PAGEDSERVE_HTTP_PORT": "9000"})
     services = compose["services"]
-    assert services["executor"]["volumes"] == ["/srv/llama:/model:ro"]
+    assert services["executor-gpu0"]["volumes"][0] == "/srv/llama:/model:ro"
     assert "9000:8000" in services["gateway"]["ports"]
     assert Path(COMPOSE_FILE).read_text().count("${PAGEDSERVE_AUTH_TOKEN:-}") == 4
