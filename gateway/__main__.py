@@ -1,8 +1,8 @@
 """`python -m gateway`: discover executors through the allocator, serve the Gateway API on gRPC
 and the OpenAI-compatible API on HTTP, both on one asyncio event loop (the main thread's).
 
-Threads beside the loop: the executor directory (it polls the allocator), one reader per
-executor link, and the worker threads that tokenize and ask the allocator for prefix matches.
+Threads beside the loop: the executor directory (it polls the allocator) and the worker threads
+that tokenize and ask the allocator for prefix matches. The executor links are on the loop.
 """
 from __future__ import annotations
 
