@@ -157,11 +157,17 @@ class ExecutorDirectory:
                      error.code().name)
             channel.close()
             return None
+        try:
+            link = ExecutorLink(info.executor_id, listing.address, self._open_link_channel,
+                                self._loop)
+        except (RuntimeError, TimeoutError) as error:   # the loop is busy, or shutting down
+            log.warning("executor %s: no link opened (%r); trying again at the next refresh",
+                        listing.executor_id, error)
+            channel.close()
+            return None
         log.info("executor %s at %s serves %s", info.executor_id, listing.address,
                  info.model_name)
-        return ExecutorEntry(info, ExecutorLink(info.executor_id, listing.address,
-                                                 self._open_link_channel, self._loop),
-                             channel)
+        return ExecutorEntry(info, link, channel)
 
     def _group(self) -> dict[str, ServedModel]:
         models: dict[str, ServedModel] = {}

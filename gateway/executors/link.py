@@ -32,7 +32,8 @@ from pagedserve.executor.v1 import executor_pb2 as pb
 from pagedserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-CLOSE_TIMEOUT_S = 5.0
+# How long a thread other than the loop's waits for the loop to open or close a link.
+ON_LOOP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,8 @@ class ExecutorLink:
                  open_channel: Callable[[str], grpc.aio.Channel],
                  loop: asyncio.AbstractEventLoop) -> None:
         """Opens the stream on `loop` (an aio channel belongs to the loop it was made on); from
-        a thread other than the loop's, returns once it is open."""
+        a thread other than the loop's, returns once it is open, or raises TimeoutError (the
+        loop did not get to it) or RuntimeError (the loop is closed) with nothing opened."""
         self.executor_id, self.address = executor_id, address
         self._loop = loop
         self._requests: dict[str, asyncio.Queue] = {}
@@ -100,7 +102,10 @@ class ExecutorLink:
         # and no new request is routed here meanwhile.
         if self.lost is None:
             self.lost = reason
-        on_loop(self._loop, self._close)
+        try:
+            on_loop(self._loop, self._close)
+        except (RuntimeError, TimeoutError):
+            pass   # the loop is closed or stopped: the gateway is going away, its requests too
 
     def _close(self) -> None:
         self._outbox.put_nowait(None)
@@ -116,7 +121,7 @@ class ExecutorLink:
             async for response in self._call:
                 self._route(response.updates)
             reason = "the executor closed its stream"
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:   # how grpc.aio ends a call that close() cancelled
             reason = "the gateway closed the link"
         except grpc.RpcError as error:
             reason = f"the stream to executor {self.executor_id} broke: " \
@@ -144,8 +149,8 @@ class ExecutorLink:
 
 def on_loop(loop: asyncio.AbstractEventLoop, work: Callable[[], None]) -> None:
     """Runs `work` on `loop`'s thread: at once when called there, else through the loop,
-    waiting for it. A loop that is closed or stopped (the gateway is going away, and its
-    requests with it) runs nothing."""
+    waiting for it. RuntimeError when the loop is closed; TimeoutError when it did not run
+    `work` in time, which then never runs."""
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
@@ -157,7 +162,9 @@ def on_loop(loop: asyncio.AbstractEventLoop, work: Callable[[], None]) -> None:
     async def run() -> None:
         work()
 
+    done = asyncio.run_coroutine_threadsafe(run(), loop)
     try:
-        asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=CLOSE_TIMEOUT_S)
-    except (RuntimeError, TimeoutError):
-        pass
+        done.result(timeout=ON_LOOP_TIMEOUT_S)
+    except TimeoutError:
+        done.cancel()
+        raise
