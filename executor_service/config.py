@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "up before serving; auto: on CUDA only (on the CPU the eager pass "
                             "measured faster); off: eager, like vLLM's --enforce-eager "
                             f"(env {ENV_PREFIX}_COMPILE)")
+    model.add_argument("--enforce-eager", action="store_true",
+                       default=env("ENFORCE_EAGER", "").lower() in ("1", "true", "yes", "on"),
+                       help="run every forward pass eagerly: on CUDA, capture no CUDA graphs "
+                            "of the decode pass (they are captured at start-up for batch sizes "
+                            "up to --max-num-seqs and replayed for pure decodes) "
+                            f"(env {ENV_PREFIX}_ENFORCE_EAGER=1)")
     model.add_argument("--max-model-len", type=int, default=env("MAX_MODEL_LEN", 0),
                        help="longest context served (default: the model's, lowered to what "
                             "the KV cache holds for one sequence) "
@@ -154,6 +160,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         max_model_len=args.max_model_len or None, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         lookahead_slots=args.lookahead_slots, compile=args.compile,
+        enforce_eager=args.enforce_eager,
         sampler_seed=None if args.seed < 0 else args.seed)
     return ExecutorConfig(
         server=server, allocator=args.allocator,

@@ -1,9 +1,20 @@
 """The kernels' public entry points: Triton where the cache is on a GPU, torch where it is on the
 CPU (kernels/cpu for attention and store_kv, the reference for block copies). Triton is imported
-only on the GPU path, so a machine without it (a laptop) still serves."""
+only on the GPU path, so a machine without it (a laptop) still serves.
+
+`PAGEDSERVE_KERNELS=triton` runs the Triton kernels on CPU tensors too, in Triton's interpreter
+(`TRITON_INTERPRET=1`): the whole model through the GPU kernels on a machine without a GPU,
+slowly. The tests use it to check the kernels inside the engine and to count the kernel
+variants a serving run compiles.
+"""
 from __future__ import annotations
 
+import os
+
 import torch
+
+KERNELS_VARIABLE = "PAGEDSERVE_KERNELS"
+KERNEL_CHOICES = ("auto", "triton")
 
 from kernels.cpu.decode_attention import paged_decode_attention_cpu
 from kernels.cpu.prefill_attention import paged_prefill_attention_cpu
@@ -12,7 +23,13 @@ from kernels.reference.copy_blocks import copy_blocks_reference
 
 
 def runs_triton(tensor: torch.Tensor) -> bool:
-    return tensor.is_cuda
+    if tensor.is_cuda:
+        return True
+    choice = os.environ.get(KERNELS_VARIABLE, "auto")
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNEL_CHOICES)}, "
+                         f"got {choice!r}")
+    return choice == "triton"
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

@@ -22,7 +22,6 @@ import torch
 from kernels.checks import check_block_size, check_cache_dtype
 
 
-
 @dataclass(frozen=True, slots=True)
 class KvCacheSpec:
     """What the cache of one model on one device looks like."""

@@ -14,9 +14,11 @@ from executor_service.engine.memory_profile import kv_cache_budget, measure_gpu_
 from executor_service.engine.scheduler import SchedulerConfig
 from executor_service.model.causal_lm import CausalLM
 from executor_service.model.compiled_forward import compile_segments, compile_wanted, warm_up
+from executor_service.model.kernel_warm_up import warm_up_kernels
 from executor_service.model.loader import load_model, resolve_dtype
 from executor_service.model.model_config import ModelConfig
 from kernels import KvCacheSpec, allocate_kv_cache
+from kernels.dispatch import runs_triton
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 256 * 1024 ** 2
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -43,6 +45,8 @@ class EngineOptions:
     sampler_seed: int | None = None
     # torch.compile of the forward pass's tensor math: auto (on CUDA only), on, off (eager).
     compile: str = "auto"
+    # No CUDA graphs of the decode pass (cuda_graphs.py): every iteration runs eagerly.
+    enforce_eager: bool = False
 
 
 def model_fingerprint(directory: Path, dtype: torch.dtype, block_size: int) -> str:
@@ -94,5 +98,11 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
     engine = Engine(model, kv_cache, allocator, scheduler,
                     max_model_len=max_model_len, eos_token_ids=config.eos_token_ids,
                     sampler_seed=options.sampler_seed)
+    # Everything that compiles, before the first request: the Triton kernels (each variant a
+    # serving run meets), then the decode graphs (which need every kernel compiled already).
+    if runs_triton(kv_cache):
+        warm_up_kernels(model, kv_cache)
+    if device.type == "cuda" and not options.enforce_eager:
+        engine.runner.capture_decode_graphs(options.max_num_seqs)
     engine.register_pool(num_blocks, model_fingerprint(directory, dtype, options.block_size))
     return engine

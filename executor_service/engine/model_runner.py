@@ -1,11 +1,13 @@
 """One forward pass over an iteration's work: the copy-on-write copies first, then the model
 over the flattened batch (step_inputs.py lays it out), and the logits of every sequence that
-reached the end of its tokens (a decode, or the last chunk of a prompt)."""
+reached the end of its tokens (a decode, or the last chunk of a prompt). A pure decode replays
+a captured CUDA graph when the engine has them (cuda_graphs.py)."""
 from __future__ import annotations
 
 import torch
 
 import kernels
+from executor_service.engine.cuda_graphs import DecodeGraphs
 from executor_service.engine.request import Sequence
 from executor_service.engine.step_inputs import StepInputs
 from executor_service.model.causal_lm import CausalLM
@@ -15,6 +17,14 @@ class ModelRunner:
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, inputs: StepInputs) -> None:
         self.model, self.kv_cache, self.inputs = model, kv_cache, inputs
         self.device = kv_cache.device
+        self.graphs: DecodeGraphs | None = None
+        # Iterations that replayed a graph, for the tests and the logs.
+        self.graph_replays = 0
+
+    def capture_decode_graphs(self, max_num_seqs: int) -> float:
+        """Captures the decode graphs (CUDA only); returns the seconds taken."""
+        self.graphs = DecodeGraphs(self.model, self.kv_cache, self.inputs, max_num_seqs)
+        return self.graphs.capture()
 
     def execute(self, work: list[tuple[Sequence, int]], copies: list[tuple[int, int]]
                 ) -> tuple[torch.Tensor | None, list[Sequence]]:
@@ -26,8 +36,13 @@ class ModelRunner:
             return None, []
         decode = [seq for seq, chunk in work if seq.is_decoding]
         prefill = [(seq, chunk) for seq, chunk in work if not seq.is_decoding]
-        inputs = self.inputs.prepare(decode, prefill)
-        hidden = self.model(inputs.token_ids, inputs.positions, self.kv_cache, inputs.batch)
+        graph = self.graphs.bucket(len(decode), len(prefill)) if self.graphs else None
+        inputs = self.inputs.prepare(decode, prefill, pad_decode_to=graph)
+        if graph is None:
+            hidden = self.model(inputs.token_ids, inputs.positions, self.kv_cache, inputs.batch)
+        else:
+            hidden = self.graphs.replay(graph)
+            self.graph_replays += 1
         for seq in decode:
             seq.num_computed += 1
         for seq, chunk in prefill:

@@ -30,7 +30,13 @@ ROWS = 64           # (query token, query head) rows per program
 LOG2_E = 1.4426950408889634
 
 
-@triton.jit
+# The integer arguments that vary between batches (the block tables' row stride; the others with
+# the caller's views): int64 and never specialised, so every batch runs one compiled variant.
+VARYING_INTEGERS = ("query_stride_token", "query_stride_head", "out_stride_token",
+                    "out_stride_head", "block_tables_stride")
+
+
+@triton.jit(do_not_specialize=VARYING_INTEGERS)
 def _prefill_kernel(
     out_ptr,              # [num_tokens, num_q_heads, head_dim]
     query_ptr,            # [num_tokens, num_q_heads, head_dim]
@@ -40,9 +46,9 @@ def _prefill_kernel(
     query_start_loc_ptr,  # [num_seqs + 1], int32/int64
     seq_lens_ptr,         # [num_seqs], int32/int64: context after this step
     scale_log2,           # softmax scale * log2(e)
-    query_stride_token, query_stride_head,
-    out_stride_token, out_stride_head,
-    block_tables_stride,
+    query_stride_token: tl.int64, query_stride_head: tl.int64,
+    out_stride_token: tl.int64, out_stride_head: tl.int64,
+    block_tables_stride: tl.int64,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,

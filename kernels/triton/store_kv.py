@@ -14,16 +14,21 @@ import triton.language as tl
 from kernels.checks import check_store_kv_args
 from kernels.triton_support import next_power_of_2
 
+# The K/V strides follow the caller's views: int64 and never specialised, so any view runs the
+# one compiled variant.
+VARYING_INTEGERS = ("key_stride_token", "key_stride_head", "value_stride_token",
+                    "value_stride_head")
 
-@triton.jit
+
+@triton.jit(do_not_specialize=VARYING_INTEGERS)
 def _store_kv_kernel(
     key_ptr,           # [num_tokens, num_kv_heads, head_dim], any token/head strides
     value_ptr,         # [num_tokens, num_kv_heads, head_dim], any token/head strides
     key_cache_ptr,     # [num_blocks * block_size, num_kv_heads, head_dim], contiguous
     value_cache_ptr,   # [num_blocks * block_size, num_kv_heads, head_dim], contiguous
     slot_mapping_ptr,  # [num_tokens], int32/int64, -1 = padding
-    key_stride_token, key_stride_head,
-    value_stride_token, value_stride_head,
+    key_stride_token: tl.int64, key_stride_head: tl.int64,
+    value_stride_token: tl.int64, value_stride_head: tl.int64,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):

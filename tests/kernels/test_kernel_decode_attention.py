@@ -110,20 +110,23 @@ def test_length_buckets_bound_their_padding():
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-@pytest.mark.parametrize("partition_size", [64, 128, 256, 1024])
-def test_every_partition_size_gives_the_same_answer(device, partition_size):
-    """64 splits a 1000-token context into 16 partitions merged by the second kernel; 1024 keeps
-    it in one, written by the first kernel directly."""
+def test_contexts_filling_one_some_and_all_segments_match_reference(device):
+    """Segments are whole tiles: 64 tokens fill one, 65 two, 1024 all sixteen exactly and 1025
+    sixteen of two tiles with the last one short; 0 is a padding row."""
     require_triton(device)
-    batch, query = decode_case(ODD_CONTEXTS, block_size=32, group=4, head_dim=64,
-                               dtype=torch.float32, seed=partition_size, device=device)
-    torch.testing.assert_close(run_triton(batch, query, partition_size=partition_size),
-                               run_reference(batch, query), **KERNEL_TOLERANCE[torch.float32])
+    from kernels.triton.decode_attention import SEGMENTS, TILE
+
+    lengths = [1, TILE, TILE + 1, 5 * TILE + 3, SEGMENTS * TILE, SEGMENTS * TILE + 1, 0]
+    batch, query = decode_case(lengths, block_size=32, group=4, head_dim=64,
+                               dtype=torch.float32, seed=17, device=device)
+    out = run_triton(batch, query)
+    torch.testing.assert_close(out, run_reference(batch, query), **KERNEL_TOLERANCE[torch.float32])
+    assert torch.equal(out[-1], torch.zeros_like(out[-1]))
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-def test_long_context_split_by_the_heuristic_matches_reference(device):
-    """One sequence of 3000 tokens: the heuristic splits it to fill the (stand-in) SMs."""
+def test_long_context_spread_over_every_segment_matches_reference(device):
+    """One sequence of 3000 tokens: sixteen segments of three tiles, the last one short."""
     require_triton(device)
     batch, query = decode_case([3000], block_size=16, group=4, head_dim=64, dtype=torch.float16,
                                seed=11, device=device, num_kv_heads=1)
@@ -143,7 +146,7 @@ def test_empty_context_row_gives_zeros_and_leaves_other_rows_exact(device, imple
                                dtype=torch.float32, seed=5, device=device)
     if implementation == "cpu" and device == "cuda":
         pytest.skip("the CPU implementation serves CPU caches")
-    run = {"triton": lambda: run_triton(batch, query, partition_size=64),
+    run = {"triton": lambda: run_triton(batch, query),
            "reference": lambda: run_reference(batch, query),
            "cpu": lambda: run_cpu(batch, query)}[implementation]
     full = run()
@@ -163,7 +166,7 @@ def test_block_ids_past_32_bit_element_offsets(device, table_dtype):
                                dtype=torch.float16, seed=3, device=device, num_kv_heads=1,
                                num_blocks=(1 << 21) + 64, table_dtype=table_dtype)
     assert max(max(ids) for ids in batch.blocks) * 16 * 64 > 2 ** 31
-    out = run_triton(batch, query, partition_size=64)
+    out = run_triton(batch, query)
     for seq in range(2):
         keys, values = batch.contiguous(seq)
         expected = plain_attention(query[seq:seq + 1], keys, values, 64 ** -0.5)
