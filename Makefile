@@ -17,7 +17,7 @@ PORT        ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs soak \
-        bench-peers
+        bench-peers device-wheels
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,16 @@ bench-kernels: $(INSTALLED)
 RESULTS ?= gpu-results
 bench-gpu: $(INSTALLED)
 	PYTHON=$(CURDIR)/$(BIN)/python bench/gpu_all.sh $(RESULTS)
+
+# The wheels a lent GPU machine lacks (scripts/device_wheels.txt says which and why), for its
+# Python 3.12 on x86-64, into .device-wheels/; that folder travels with the working tree, and
+# scripts/device_check.sh there installs them before it checks the GPU path.
+device-wheels: $(INSTALLED)
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		--platform manylinux1_x86_64 -d .device-wheels -r scripts/device_wheels.txt
 
 clean:
 	rm -rf $(VENV) $(PROTOC_VENV) .venv-peer

@@ -13,6 +13,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -22,18 +23,25 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Before the imports below, so the asserts in the helper modules report like test asserts.
+# Before anything imports the helper modules, so their asserts report like test asserts.
 pytest.register_assert_rewrite("tests.support")
 
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
-from pagedserve.supervisor.redis_server import RedisProcess  # noqa: E402
-from pagedserve.supervisor.service_process import AllocatorProcess  # noqa: E402
-from tests.support.allocator_wire import TOKEN, Executor, register  # noqa: E402
+
+# The process supervisors and the wire helpers bring grpc_health, grpc_reflection and redis,
+# which the lent GPU machines lack; every test module imports this file, the gpu tests too
+# (scripts/device_check.sh), so the fixtures import them when they run instead.
+if TYPE_CHECKING:
+    from pagedserve.supervisor.redis_server import RedisProcess
+    from pagedserve.supervisor.service_process import AllocatorProcess
+    from tests.support.allocator_wire import Executor
 
 
 @pytest.fixture
 def allocator() -> Iterator[AllocatorProcess]:
     """A plain allocator of its own for one test."""
+    from pagedserve.supervisor.service_process import AllocatorProcess
+
     with AllocatorProcess() as process:
         yield process
 
@@ -42,6 +50,8 @@ def allocator() -> Iterator[AllocatorProcess]:
 def start_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
     """Starts allocators with extra flags, e.g. start_allocator("--auth-token", "t",
     "--lease-ttl", "0.5"); every one started is stopped when the test ends."""
+    from pagedserve.supervisor.service_process import AllocatorProcess
+
     started: list[AllocatorProcess] = []
 
     def start(*extra_args: str) -> AllocatorProcess:
@@ -59,6 +69,8 @@ def start_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
 def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
     """A redis-server of its own for one test: append-only file with an fsync per write, so
     what it acknowledged survives its kill()."""
+    from pagedserve.supervisor.redis_server import RedisProcess
+
     with RedisProcess(tmp_path / "redis") as process:
         yield process
 
@@ -68,6 +80,8 @@ def durable_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
     """Starts allocators that journal to a Redis, e.g. durable_allocator(redis_server.url,
     "--snapshot-every", "5"); each waits for SERVING (its state loaded), and every one started
     is stopped when the test ends (stop() also reaps one the test killed with SIGKILL)."""
+    from pagedserve.supervisor.service_process import AllocatorProcess
+
     started: list[AllocatorProcess] = []
 
     def start(state_url: str, *extra_args: str) -> AllocatorProcess:
@@ -84,6 +98,8 @@ def durable_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
 @pytest.fixture(scope="session")
 def server() -> Iterator[AllocatorProcess]:
     """Shared by every test that registers executors of its own; leases outlast the session."""
+    from pagedserve.supervisor.service_process import AllocatorProcess
+
     with AllocatorProcess("--lease-ttl", "600") as process:
         yield process
 
@@ -100,6 +116,9 @@ def admin(server: AllocatorProcess) -> pb_grpc.AllocatorAdminStub:
 
 @pytest.fixture(scope="session")
 def auth_server() -> Iterator[AllocatorProcess]:
+    from pagedserve.supervisor.service_process import AllocatorProcess
+    from tests.support.allocator_wire import TOKEN
+
     with AllocatorProcess("--auth-token", TOKEN) as process:
         yield process
 
@@ -108,6 +127,8 @@ def auth_server() -> Iterator[AllocatorProcess]:
 def new_executor(stub: pb_grpc.AllocatorStub,
                  request: pytest.FixtureRequest) -> Callable[..., Executor]:
     """Registers executors named after the test, so tests sharing a server never collide."""
+    from tests.support.allocator_wire import register
+
     names = (f"{request.node.name}-{n}" for n in itertools.count())
 
     def make(num_blocks: int = 8, block_size: int = 4) -> Executor:

@@ -7,6 +7,8 @@ the same shapes. Needs a CUDA GPU; on a GPU machine this is the one command to r
     .venv/bin/python -m bench.kernels            # full sweep (several minutes)
     .venv/bin/python -m bench.kernels --quick    # smoke run, also on a CPU; writes nothing
                                                        # unless told
+    .venv/bin/python -m bench.kernels --targets  # the target points only (GPU, a minute);
+                                                       # writes nothing unless told
 
 First the copy bandwidth (`dst.copy_(src)`, bytes read + written); then decode over block sizes
 16..256 × contexts 512..16k × batches 1..256 with Llama-3-8B attention shapes (32 query heads,
@@ -30,7 +32,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.kernels.config import FULL, QUICK
+from bench.kernels.config import FULL, QUICK, TARGETS
 from bench.kernels.report import (Results, decode_grid, prefill_grid, rate, result_rows,
                                   section_body, target_lines, write_json)
 from bench.report import add_output_flags, output_paths, replace_section, text_grid, text_table
@@ -57,7 +59,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"{' '.join(map(str, FULL.prefill_block_sizes))})")
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="also write the raw results there as kernels_bench.json")
-    return parser.parse_args(argv)
+    parser.add_argument("--targets", action="store_true",
+                        help="measure only the full run's target points (decode at batch "
+                             f"{FULL.target_batch} x {FULL.target_context} at every block size, "
+                             "one prefill): about a minute on a GPU; like --quick, writes no "
+                             "docs unless --out-md / --out-png are given")
+    args = parser.parse_args(argv)
+    if args.targets and args.quick:
+        parser.error("--targets measures the full shapes' target points; --quick the smoke "
+                     "shapes: give one")
+    return args
 
 
 def describe_versions(torch_module, on_gpu: bool) -> str:
@@ -105,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.kernels import measure
 
-    shapes = QUICK if args.quick else FULL
+    shapes = QUICK if args.quick else TARGETS if args.targets else FULL
     if args.prefill_block_sizes:
         shapes = dataclasses.replace(shapes, prefill_block_sizes=tuple(args.prefill_block_sizes))
     device = torch.device("cuda" if on_gpu else "cpu")
@@ -113,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     # bf16, so the CPU smoke run uses fp32.
     dtype = torch.bfloat16 if on_gpu else torch.float32
     out_md, out_png = output_paths(args, "kernels_bench.png")
+    if args.targets:
+        out_md, out_png = args.out_md, args.out_png
     results = Results(shapes, describe_device(torch, on_gpu), str(dtype).removeprefix("torch."),
                       describe_versions(torch, on_gpu),
                       max_kv_gib(args.max_kv_gib, torch, on_gpu),

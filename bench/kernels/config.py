@@ -3,6 +3,7 @@ Llama-3-8B attention shapes, and the tiny --quick shapes the Triton interpreter 
 in seconds."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 TARGET_BANDWIDTH_FRACTION = 0.8    # decode at the target point, of the measured copy bandwidth
@@ -58,6 +59,13 @@ FULL = Shapes(
     copy_bytes=2 * 1024**3,
     target_batch=64, target_context=4096,
 )
+
+# The full run's target points alone (decode at batch 64 x 4k at every block size, one prefill):
+# what `--targets` measures in about a minute, for a GPU check with no time for the sweep.
+TARGETS = dataclasses.replace(
+    FULL, contexts=(FULL.target_context,), batches=(FULL.target_batch,),
+    prefill_block_sizes=(TARGET_BLOCK_SIZE,), prefill_batches=(1,), prefill_lengths=(2048,),
+    label="Llama-3-8B attention shapes, target points only")
 
 # Every code path of the full run, at sizes the interpreter finishes quickly. 320 tokens is
 # more than one decode partition (256), so the split-and-merge path runs too; 200 and 80 leave

@@ -127,14 +127,27 @@ def test_kernels_bench_quick_run_writes_its_section_plot_and_raw_results_when_to
     assert all(row["close"] for row in raw["decode"] + raw["prefill"])
 
 
-def test_kernels_bench_full_run_without_a_gpu_refuses_and_writes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [[], ["--targets"]], ids=["full", "targets"])
+def test_kernels_bench_gpu_runs_without_a_gpu_refuse_and_write_nothing(tmp_path: Path,
+                                                                     flags) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
-        pytest.skip("a GPU is here: the full run would really run")
+        pytest.skip("a GPU is here: the run would really run")
     before = (ROOT / "docs" / "benchmarks.md").read_bytes()
-    run = subprocess.run([sys.executable, "-m", "bench.kernels", "--results-dir", "raw"],
+    run = subprocess.run([sys.executable, "-m", "bench.kernels", "--results-dir", "raw", *flags],
                          cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "CUDA GPU" in run.stderr and "Nothing was written" in run.stderr
     assert (ROOT / "docs" / "benchmarks.md").read_bytes() == before
     assert list(tmp_path.iterdir()) == []
+
+
+def test_kernels_bench_targets_preset_is_the_full_runs_target_points() -> None:
+    from bench.kernels.config import FULL, TARGET_BLOCK_SIZE, TARGETS
+
+    assert (TARGETS.batches, TARGETS.contexts) == ((FULL.target_batch,), (FULL.target_context,))
+    # The ratio target holds at every block size, so every one is measured.
+    assert TARGETS.block_sizes == FULL.block_sizes and TARGET_BLOCK_SIZE in TARGETS.block_sizes
+    assert (TARGETS.num_q_heads, TARGETS.num_kv_heads, TARGETS.head_dim) == \
+        (FULL.num_q_heads, FULL.num_kv_heads, FULL.head_dim)
+    assert TARGETS.decode_combos == len(FULL.block_sizes) and TARGETS.prefill_combos == 1

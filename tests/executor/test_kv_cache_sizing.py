@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from allocator_service.local_block_allocator import LocalBlockAllocator
-from executor_service.config import parse_config
 from executor_service.engine.build import DEFAULT_CPU_KV_CACHE_MEMORY, EngineOptions, build_engine
 from executor_service.engine.memory_profile import (GpuMemory, NotEnoughGpuMemory, kv_cache_budget,
                                                     largest_forward, measure_gpu_memory)
@@ -67,17 +66,24 @@ def test_block_count_comes_from_the_first_size_given(checkpoint):
     assert engine.runner.kv_cache.shape[2] == DEFAULT_CPU_KV_CACHE_MEMORY // spec.bytes_per_block
 
 
+# executor_service.config is imported by the two flag tests alone: it brings the gRPC server
+# plumbing (grpc_health), which the lent GPU machines lack, and this file's gpu test runs there
+# (scripts/device_check.sh).
 @pytest.mark.parametrize("flags, message", [
     (["--gpu-memory-utilization", "0.9"], "on --device cpu give --kv-cache-memory"),
     (["--device", "cuda", "--gpu-memory-utilization", "0"], "must be in \\(0, 1\\]"),
     (["--device", "cuda", "--gpu-memory-utilization", "1.5"], "must be in \\(0, 1\\]"),
 ])
 def test_bad_utilization_flags_are_refused(flags, message):
+    from executor_service.config import parse_config
+
     with pytest.raises(SystemExit, match=message):
         parse_config(flags)
 
 
 def test_flags_and_environment_reach_the_engine_options(monkeypatch):
+    from executor_service.config import parse_config
+
     config = parse_config(["--device", "cuda", "--gpu-memory-utilization", "0.5"])
     assert config.engine.gpu_memory_utilization == 0.5 and config.engine.kv_cache_memory is None
     monkeypatch.setenv("PAGEDSERVE_EXECUTOR_KV_CACHE_MEMORY", "64M")
