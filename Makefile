@@ -15,12 +15,22 @@ PROTO_SRC   := $(shell find protos -name '*.proto' | sort)
 # (unset: 50051, 50052, 50053, 8000).
 PORT        ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The torch build for this machine (scripts/torch_backend.py): auto takes the CPU build without an
+# NVIDIA driver and the CUDA build the driver runs with one; `make run TORCH_BACKEND=cpu` (or
+# cu128, cu130) chooses. The version is pyproject.toml's pin.
+TORCH_VERSION := 2.13.0
+TORCH_BACKEND ?= auto
 
 .PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs soak \
         bench-peers device-wheels
 
+# torch first and alone (--no-deps: only torch itself is looked up on PyTorch's index), so the
+# project's install below finds it satisfied and fetches its dependencies from the registry.
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	torch_args="$$($(PYTHON) scripts/torch_backend.py $(TORCH_BACKEND))" && \
+		$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $$torch_args \
+		'torch==$(TORCH_VERSION)'
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
