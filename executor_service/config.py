@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                        default=env("ENFORCE_EAGER", "").lower() in ("1", "true", "yes", "on"),
                        help="run every forward pass eagerly: on CUDA, capture no CUDA graphs "
                             "of the decode pass (they are captured at start-up for batch sizes "
-                            "up to --max-num-seqs and replayed for pure decodes) "
-                            f"(env {ENV_PREFIX}_ENFORCE_EAGER=1)")
+                            "up to --max-num-seqs and replayed for pure decodes); the variable "
+                            f"turns it on with 1, true, yes or on (env {ENV_PREFIX}_ENFORCE_EAGER)")
     model.add_argument("--max-model-len", type=int, default=env("MAX_MODEL_LEN", 0),
                        help="longest context served (default: the model's, lowered to what "
                             "the KV cache holds for one sequence) "

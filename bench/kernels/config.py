@@ -67,9 +67,9 @@ TARGETS = dataclasses.replace(
     prefill_block_sizes=(TARGET_BLOCK_SIZE,), prefill_batches=(1,), prefill_lengths=(2048,),
     label="Llama-3-8B attention shapes, target points only")
 
-# Every code path of the full run, at sizes the interpreter finishes quickly. 320 tokens is
-# more than one decode partition (256), so the split-and-merge path runs too; 200 and 80 leave
-# the last block part-filled, so the masking of a block's tail is checked against SDPA.
+# Every code path of the full run, at sizes the interpreter finishes quickly. 320 tokens fill
+# five decode segments of one tile each, merged; 200 and 80 leave the last block part-filled, so
+# the masking of a block's tail is checked against SDPA.
 QUICK = Shapes(
     num_q_heads=4, num_kv_heads=2, head_dim=32,
     block_sizes=(16, 64, 256),

@@ -71,6 +71,8 @@ def test_every_service_flag_names_its_environment_variable(service: str) -> None
 
 def value_from_env(action: argparse.Action) -> tuple[str, object]:
     """A valid value other than the default: (as the variable spells it, as parsed)."""
+    if isinstance(action, argparse._StoreTrueAction):
+        return "1", True
     if action.choices is not None:
         choice = next(choice for choice in action.choices if choice != action.default)
         return str(choice), choice

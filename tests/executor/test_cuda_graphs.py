@@ -121,3 +121,15 @@ def test_prefill_and_mixed_iterations_run_eagerly_and_sampling_matches(tmp_path)
     assert [c.choices for c in replayed] == [c.choices for c in generate(eager, prompts, sampled)]
     # 90 prompt tokens in 16-token chunks: at least 6 iterations carried a prefill.
     assert 0 < graphs.runner.graph_replays <= graphs.num_iterations - 6
+
+
+def test_enforce_eager_comes_from_the_flag_or_the_variable(monkeypatch):
+    # Imported here: the service's configuration brings grpc_health, which the GPU machines
+    # these tests also run on lack.
+    from executor_service.config import parse_config
+
+    monkeypatch.delenv("PAGEDSERVE_EXECUTOR_ENFORCE_EAGER", raising=False)
+    assert parse_config([]).engine.enforce_eager is False
+    assert parse_config(["--enforce-eager"]).engine.enforce_eager is True
+    monkeypatch.setenv("PAGEDSERVE_EXECUTOR_ENFORCE_EAGER", "true")
+    assert parse_config([]).engine.enforce_eager is True
