@@ -13,13 +13,13 @@ import os
 
 import torch
 
-KERNELS_VARIABLE = "PAGEDSERVE_KERNELS"
-KERNEL_CHOICES = ("auto", "triton")
-
 from kernels.cpu.decode_attention import paged_decode_attention_cpu
 from kernels.cpu.prefill_attention import paged_prefill_attention_cpu
 from kernels.cpu.store_kv import store_kv_cpu
 from kernels.reference.copy_blocks import copy_blocks_reference
+
+KERNELS_VARIABLE = "PAGEDSERVE_KERNELS"
+KERNEL_CHOICES = ("auto", "triton")
 
 
 def runs_triton(tensor: torch.Tensor) -> bool:
