@@ -22,7 +22,6 @@
 # installed). Without a CUDA GPU it says so and exits 2, writing nothing.
 set -uo pipefail
 
-NO_GPU_EXIT=2
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 quick=()
@@ -41,13 +40,8 @@ if [[ $# -ne 1 ]]; then
 fi
 out="$(realpath -m "$1")"
 
-if [[ -n "${PYTHON:-}" ]]; then
-    python="$PYTHON"
-elif [[ -x "$ROOT/.venv/bin/python" ]]; then
-    python="$ROOT/.venv/bin/python"
-else
-    python=python3
-fi
+# shellcheck source=scripts/gpu_python.sh
+source "$ROOT/scripts/gpu_python.sh"
 
 # name|module and its flags (the output flags are added below); run from the repository root
 benchmarks=(
@@ -74,10 +68,7 @@ if [[ $print_only -eq 1 ]]; then
     exit 0
 fi
 
-if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "gpu_all.sh: no CUDA GPU is visible to $python. Nothing was written." >&2
-    exit $NO_GPU_EXIT
-fi
+require_cuda gpu_all.sh
 
 mkdir -p "$out"
 cd "$ROOT"

@@ -23,7 +23,6 @@
 # a CUDA GPU it says so and exits 2, having installed and written nothing.
 set -uo pipefail
 
-NO_GPU_EXIT=2
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELS="$ROOT/.device-wheels"
 SITE="${TMPDIR:-/tmp}/pagedserve-device-site"
@@ -46,19 +45,11 @@ if [[ $# -gt 1 || "${1:-}" == -* ]]; then
 fi
 out="$(realpath -m "${1:-device-results}")"
 
-if [[ -n "${PYTHON:-}" ]]; then
-    python="$PYTHON"
-elif [[ -x "$ROOT/.venv/bin/python" ]]; then
-    python="$ROOT/.venv/bin/python"
-else
-    python=python3
-fi
+# shellcheck source=scripts/gpu_python.sh
+source "$ROOT/scripts/gpu_python.sh"
 export PYTHON="$python"    # bench/gpu_all.sh runs the benchmarks with it too
 
-if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "device_check.sh: no CUDA GPU is visible to $python. Nothing was written." >&2
-    exit $NO_GPU_EXIT
-fi
+require_cuda device_check.sh
 
 mkdir -p "$out"
 cd "$ROOT"
