@@ -1,6 +1,6 @@
 """CUDA graphs of the decode pass (executor_service/engine/cuda_graphs.py): the batch sizes
-captured, the padding a replay needs (checked here on the CPU), and on a GPU that replaying gives
-the tokens the eager pass gives, for every architecture and batch sizes between buckets.
+captured (the padding a replay needs is in test_step_inputs.py), and on a GPU that replaying
+gives the tokens the eager pass gives, for every architecture and batch sizes between buckets.
 
 Only what the lent GPU machines have is imported at module level (scripts/device_check.sh runs
 the gpu tests here)."""
@@ -13,25 +13,12 @@ from allocator_service.local_block_allocator import LocalBlockAllocator
 from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.cuda_graphs import DecodeGraphs, bucket_for, decode_buckets
 from executor_service.engine.offline import generate
-from executor_service.engine.request import Request, Sequence, SequenceStatus
-from executor_service.engine.step_inputs import StepInputs
 from pagedserve.protocol.sampling_params import SamplingParams
 from tests.support.model_checkpoints import (ARCHITECTURES, random_prompts, transformers_greedy,
                                              write_checkpoint)
 
-BLOCK = 4
 MAX_NEW = 10
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def running(name: str, tokens: int, table: list[int]) -> Sequence:
-    """A sequence decoding its last token."""
-    request = Request(name, list(range(tokens)), SamplingParams())
-    seq = Sequence(f"{name}#0", request, 0, [100 + t for t in range(tokens)], tokens,
-                   status=SequenceStatus.RUNNING, block_table=list(table),
-                   num_computed=tokens - 1)
-    request.sequences.append(seq)
-    return seq
 
 
 def test_buckets_step_by_eight_after_the_small_sizes_and_end_at_max_num_seqs():
@@ -42,30 +29,6 @@ def test_buckets_step_by_eight_after_the_small_sizes_and_end_at_max_num_seqs():
     buckets = decode_buckets(20)
     assert [bucket_for(buckets, n) for n in (1, 3, 5, 9, 17, 20, 21)] == \
         [1, 4, 8, 16, 20, 20, None]
-
-
-def test_a_padded_decode_adds_rows_the_kernels_skip():
-    inputs = StepInputs(8, 16, 8, BLOCK, torch.device("cpu"))
-    a, b = running("a", 6, [7, 3]), running("b", 9, [1, 2, 9])
-    step = inputs.prepare([a, b], [], pad_decode_to=4)
-    assert step.token_ids.tolist() == [105, 108, 0, 0]
-    assert step.positions.tolist() == [5, 8, 0, 0]
-    batch = step.batch
-    assert batch.num_decode_tokens == 4
-    assert batch.slot_mapping.tolist() == [a.slot(5, BLOCK), b.slot(8, BLOCK), -1, -1]
-    assert batch.decode_context_lens.tolist() == [6, 9, 0, 0]
-    # Padding rows have no table (an empty context reads none); only real rows are sampled.
-    assert batch.decode_block_tables.tolist() == [[7, 3, -1], [1, 2, 9]]
-    assert step.sampled == [a, b] and step.sample_rows is None
-
-
-def test_only_a_pure_decode_that_fits_is_padded():
-    inputs = StepInputs(8, 16, 8, BLOCK, torch.device("cpu"))
-    a, b = running("a", 6, [7, 3]), running("b", 9, [1, 2, 9])
-    with pytest.raises(ValueError, match="only a pure decode of at most 1 rows"):
-        inputs.prepare([a, b], [], pad_decode_to=1)
-    with pytest.raises(ValueError, match="only a pure decode"):
-        inputs.prepare([a], [(b, 1)], pad_decode_to=4)
 
 
 def test_graphs_need_a_cache_on_cuda(tmp_path):

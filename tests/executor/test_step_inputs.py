@@ -1,7 +1,9 @@
 """The forward pass's persistent inputs (executor_service/engine/step_inputs.py): the layout the
-kernels read, and a block-table buffer written only where a sequence's table changed."""
+kernels read, a block-table buffer written only where a sequence's table changed, and pure decodes
+padded to a CUDA graph's batch size."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from executor_service.engine.request import Request, Sequence, SequenceStatus
@@ -99,3 +101,27 @@ def test_a_table_longer_than_the_buffer_widens_it():
     short, long = running("short", 3, 2, [1]), running("long", 3, 2, list(range(40, 52)))
     step = buffers.prepare([short, long], [])
     assert step.batch.decode_block_tables.tolist() == [[1] + [-1] * 11, list(range(40, 52))]
+
+
+def test_a_padded_decode_adds_rows_the_kernels_skip():
+    buffers = inputs(max_num_seqs=8)
+    a, b = running("a", 6, 5, [7, 3]), running("b", 9, 8, [1, 2, 9])
+    step = buffers.prepare([a, b], [], pad_decode_to=4)
+    assert step.token_ids.tolist() == [105, 108, 0, 0]
+    assert step.positions.tolist() == [5, 8, 0, 0]
+    batch = step.batch
+    assert batch.num_decode_tokens == 4
+    assert batch.slot_mapping.tolist() == [a.slot(5, BLOCK), b.slot(8, BLOCK), -1, -1]
+    assert batch.decode_context_lens.tolist() == [6, 9, 0, 0]
+    # Padding rows have no table (an empty context reads none); only real rows are sampled.
+    assert batch.decode_block_tables.tolist() == [[7, 3, -1], [1, 2, 9]]
+    assert step.sampled == [a, b] and step.sample_rows is None
+
+
+def test_only_a_pure_decode_that_fits_is_padded():
+    buffers = inputs(max_num_seqs=8)
+    a, b = running("a", 6, 5, [7, 3]), running("b", 9, 8, [1, 2, 9])
+    with pytest.raises(ValueError, match="only a pure decode of at most 1 rows"):
+        buffers.prepare([a, b], [], pad_decode_to=1)
+    with pytest.raises(ValueError, match="only a pure decode"):
+        buffers.prepare([a], [(b, 1)], pad_decode_to=4)
