@@ -37,7 +37,7 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
                                      tls_ca=config.allocator_tls_ca)
     engine = build_engine(directory, config.engine, allocator)
     loop = ServingLoop(engine)
-    model = engine.model.config
+    model = engine.runner.model.config
     info = pb.ExecutorInfo(
         executor_id=executor_id,
         model_name=config.served_model_name or (

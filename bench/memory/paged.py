@@ -22,7 +22,6 @@ pass wrote. Every `CHECK_EVERY`-th sample is checked against `pool_stats` itself
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -33,6 +32,7 @@ from bench.memory.samples import Sample, SchemeRun, paged_name
 from bench.memory.workload import Settings, Workload
 from executor_service.engine.engine import Engine
 from executor_service.engine.request import Sequence
+from executor_service.engine.sampler import Sampler
 from executor_service.engine.scheduler import SchedulerConfig
 from pagedserve.protocol.sampling_params import SamplingParams
 
@@ -64,13 +64,11 @@ class StandInRunner:
 
 def stand_in_engine(settings: Settings, block_size: int) -> Engine:
     """An engine of `settings`' sizes whose forward pass is `StandInRunner`."""
-    # Outside its runner the engine reads only the model's vocabulary size.
-    model = SimpleNamespace(config=SimpleNamespace(vocab_size=settings.vocab_size))
     scheduler = SchedulerConfig(block_size, MAX_NUM_SEQS, settings.max_batched_tokens,
                                 settings.lookahead_slots)
-    engine = Engine(model, torch.empty(0), LocalBlockAllocator(), scheduler,  # type: ignore
+    engine = Engine(StandInRunner(settings.vocab_size), Sampler(), LocalBlockAllocator(),
+                    scheduler, vocab_size=settings.vocab_size,
                     max_model_len=settings.max_model_len, eos_token_ids=())
-    engine.runner = StandInRunner(settings.vocab_size)  # type: ignore[assignment]
     engine.register_pool(settings.budget_slots // block_size, f"memory-bench:bs{block_size}")
     return engine
 

@@ -95,9 +95,10 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
                                 options.max_num_batched_tokens, options.lookahead_slots,
                                 options.sparse_steps)
-    engine = Engine(model, kv_cache, allocator, scheduler,
-                    max_model_len=max_model_len, eos_token_ids=config.eos_token_ids,
-                    sampler_seed=options.sampler_seed)
+    engine = Engine.for_model(model, kv_cache, allocator, scheduler,
+                              max_model_len=max_model_len,
+                              eos_token_ids=config.eos_token_ids,
+                              sampler_seed=options.sampler_seed)
     # Everything that compiles, before the first request: the Triton kernels (each variant a
     # serving run meets), then the decode graphs (which need every kernel compiled already).
     if runs_triton(kv_cache):

@@ -22,6 +22,7 @@ from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Request, Sequence, SequenceStatus
 from executor_service.engine.request_output import RequestOutput
 from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
+from executor_service.engine.stages import ForwardPass, TokenSampler
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
 from executor_service.engine.step_inputs import StepInputs
 from executor_service.engine.step_plan import StepPlan, append_op
@@ -39,27 +40,35 @@ def blocks_per_seq(max_model_len: int, config: SchedulerConfig) -> int:
 
 
 class Engine:
-    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
-                 scheduler_config: SchedulerConfig, *, max_model_len: int,
-                 eos_token_ids: Seq[int], sampler_seed: int | None = None) -> None:
-        self.model, self.allocator = model, allocator
-        self.vocab_size = model.config.vocab_size
+    def __init__(self, runner: ForwardPass, sampler: TokenSampler, allocator: BlockAllocator,
+                 scheduler_config: SchedulerConfig, *, vocab_size: int, max_model_len: int,
+                 eos_token_ids: Seq[int]) -> None:
+        """An engine over any forward pass and sampler: `for_model` builds the real ones; the
+        fleet simulator (bench/fleet/) passes a timed wait and seeded random tokens."""
+        self.runner, self.sampler, self.allocator = runner, sampler, allocator
+        self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = Scheduler(scheduler_config)
-        block_size = scheduler_config.block_size
-        inputs = StepInputs(scheduler_config.max_num_seqs,
-                            scheduler_config.max_num_batched_tokens,
-                            blocks_per_seq(max_model_len, scheduler_config), block_size,
-                            kv_cache.device)
-        self.runner = ModelRunner(model, kv_cache, inputs)
-        self.sampler = Sampler(sampler_seed)
         self.requests: dict[str, Request] = {}
         self.outputs = OutputCollector()
         self._arrivals = itertools.count()
         # Iterations run, and Steps sent to the allocator (fewer: most decodes need none).
         self.num_iterations = 0
         self.num_steps = 0
+
+    @classmethod
+    def for_model(cls, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
+                  scheduler_config: SchedulerConfig, *, max_model_len: int,
+                  eos_token_ids: Seq[int], sampler_seed: int | None = None) -> Engine:
+        """The serving engine: `model` computing into `kv_cache`, the real sampler."""
+        inputs = StepInputs(scheduler_config.max_num_seqs,
+                            scheduler_config.max_num_batched_tokens,
+                            blocks_per_seq(max_model_len, scheduler_config),
+                            scheduler_config.block_size, kv_cache.device)
+        return cls(ModelRunner(model, kv_cache, inputs), Sampler(sampler_seed), allocator,
+                   scheduler_config, vocab_size=model.config.vocab_size,
+                   max_model_len=max_model_len, eos_token_ids=eos_token_ids)
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -39,8 +39,8 @@ def test_compiled_greedy_tokens_are_transformers_and_nothing_compiles_while_serv
     # A 16-token budget: prefill chunks next to decodes, batches of many sizes.
     engine = build_engine(directory, EngineOptions(num_blocks=64, max_num_batched_tokens=16,
                                                    compile="on"), LocalBlockAllocator())
-    assert engine.model.segments.compiled
-    assert engine.model.packed_logits is None  # oneDNN-packed linears are opaque to inductor
+    assert engine.runner.model.segments.compiled
+    assert engine.runner.model.packed_logits is None  # oneDNN-packed linears are opaque to inductor
     # Three parts (before and after attention, the final norm), each at the warm-up shapes.
     graphs_at_start = counters["stats"]["unique_graphs"]
     assert graphs_at_start == 3 * len(WARM_UP_TOKENS)
@@ -60,5 +60,5 @@ def test_eager_is_the_fallback_and_auto_compiles_on_cuda_only(tmp_path):
         compile_wanted("yes", torch.device("cpu"))
     engine = build_engine(write_checkpoint("llama", tmp_path),
                           EngineOptions(num_blocks=16, compile="off"), LocalBlockAllocator())
-    assert not engine.model.segments.compiled
+    assert not engine.runner.model.segments.compiled
     assert counters["stats"]["unique_graphs"] == 0

@@ -36,7 +36,7 @@ def test_graphs_need_a_cache_on_cuda(tmp_path):
                           LocalBlockAllocator())
     assert engine.runner.graphs is None  # the CPU serves eagerly
     with pytest.raises(ValueError, match="CUDA graphs need the KV cache on a CUDA device"):
-        DecodeGraphs(engine.model, engine.runner.kv_cache, engine.runner.inputs, 4)
+        DecodeGraphs(engine.runner.model, engine.runner.kv_cache, engine.runner.inputs, 4)
 
 
 def cuda_engine(directory, **options):
