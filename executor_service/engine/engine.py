@@ -22,8 +22,8 @@ from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Request, Sequence, SequenceStatus
 from executor_service.engine.request_output import RequestOutput
 from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
-from executor_service.engine.stages import ForwardPass, TokenSampler
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
+from executor_service.engine.stages import ForwardPass, TokenSampler
 from executor_service.engine.step_inputs import StepInputs
 from executor_service.engine.step_plan import StepPlan, append_op
 from executor_service.engine.stop_check import finish_reason_after

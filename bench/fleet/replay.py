@@ -1,0 +1,154 @@
+"""Replays recorded Step streams at their original pace: the load of N executors on one
+allocator, from one cheap driver process.
+
+Executor k plays stream k mod len(streams) under its own id (`replay-k`), starting at a random
+moment in the first `spread_s` seconds so copies of one stream do not move in step. Like the
+executor's client, a stream has one Step in flight at a time: Step i goes out at its recorded
+offset, or as soon as Step i-1 is answered if that came later. Every request is pre-serialized
+(a fresh header before the recorded ops, step_stream.py) and every answer is compared byte for
+byte with the recorded one.
+
+A Step is late (a stall) when it was overlapped in the recording (the executor computed while
+it was in flight) and its answer took longer than the rest of that forward pass. Latency and
+stalls count only inside the measured window (after `warmup_s`, when every executor has started
+and filled its batch); so does the allocator's CPU time, read from /proc.
+
+    python -m bench.fleet.replay --target HOST:PORT --allocator-pid PID --executors 32 \\
+        --out result.json sim-0.stream sim-1.stream
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+from bench.fleet.step_stream import StepStream, step_body
+from bench.serve.stack import cpu_seconds
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+
+STEP_METHOD = "/pagedserve.allocator.v1.Allocator/Step"
+REGISTER_METHOD = "/pagedserve.allocator.v1.Allocator/RegisterExecutor"
+# An answer this much past its slack is still on time (the driver's own scheduling jitter).
+LATE_AFTER_S = 0.001
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    executors: int
+    window_s: float
+    steps: int = 0
+    ops: int = 0
+    stalls: int = 0
+    # Answers that differ from the recorded ones (must be 0: the replay is then exact).
+    mismatches: int = 0
+    # Steps sent later than their recorded offset by more than a forward pass, because the
+    # Step before them was answered late (the executor would have slowed down).
+    behind: int = 0
+    # Seconds the executors would have waited on Steps their forward pass needed first.
+    blocking_wait_s: float = 0.0
+    allocator_cpu_s: float | None = None
+    driver_cpu_s: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+class Window:
+    """The measured interval, on the event loop's clock."""
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+
+    def holds(self, moment: float) -> bool:
+        return self.start <= moment < self.end
+
+
+async def play(channel: grpc.aio.Channel, stream: StepStream, executor_id: str, start: float,
+               window: Window, result: ReplayResult) -> None:
+    register = channel.unary_unary(REGISTER_METHOD,
+                                   request_serializer=pb.RegisterExecutorRequest.SerializeToString,
+                                   response_deserializer=pb.RegisterExecutorResponse.FromString)
+    step = channel.unary_unary(STEP_METHOD)  # bytes in, bytes out
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start - loop.time()))
+    epoch = (await register(stream.register_request(executor_id))).epoch
+    begun = loop.time()
+    for step_id, recorded in enumerate(stream.steps, start=1):
+        due = begun + recorded.offset_s
+        if due > loop.time():
+            await asyncio.sleep(due - loop.time())
+        sent = loop.time()
+        if sent >= window.end:
+            return
+        answer = await step(step_body(executor_id, epoch, step_id, recorded.ops))
+        latency = loop.time() - sent
+        if not window.holds(sent):
+            continue
+        result.steps += 1
+        result.ops += recorded.num_ops
+        result.latencies_ms.append(latency * 1000)
+        result.mismatches += answer != recorded.reply
+        if recorded.slack_s > 0:
+            result.stalls += latency > recorded.slack_s + LATE_AFTER_S
+        else:
+            result.blocking_wait_s += latency
+        result.behind += sent - due > stream.iteration_s
+
+
+async def replay(target: str, streams: list[StepStream], executors: int, *, warmup_s: float,
+                 measure_s: float, spread_s: float, allocator_pid: int | None,
+                 seed: int = 0) -> ReplayResult:
+    rng = random.Random(seed)
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    window = Window(now + warmup_s, now + warmup_s + measure_s)
+    result = ReplayResult(executors, measure_s)
+    # A few channels: one HTTP/2 connection would serialize every stream's frames.
+    channels = [grpc.aio.insecure_channel(target) for _ in range(min(8, executors))]
+    tasks = [play(channels[k % len(channels)], streams[k % len(streams)], f"replay-{k}",
+                  now + rng.uniform(0, spread_s), window, result) for k in range(executors)]
+    gathered = asyncio.gather(*tasks)
+    await sleep_until(window.start)
+    allocator_start = cpu_seconds(allocator_pid) if allocator_pid else None
+    driver_start = time.process_time()
+    await sleep_until(window.end)
+    if allocator_start is not None:
+        result.allocator_cpu_s = cpu_seconds(allocator_pid) - allocator_start
+    result.driver_cpu_s = time.process_time() - driver_start
+    await gathered
+    for channel in channels:
+        await channel.close()
+    return result
+
+
+async def sleep_until(moment: float) -> None:
+    await asyncio.sleep(max(0.0, moment - asyncio.get_running_loop().time()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("streams", nargs="+", type=Path)
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--executors", type=int, required=True)
+    parser.add_argument("--allocator-pid", type=int)
+    parser.add_argument("--warmup-s", type=float, default=8.0)
+    parser.add_argument("--measure-s", type=float, default=20.0)
+    parser.add_argument("--spread-s", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    streams = [StepStream.load(path) for path in args.streams]
+    result = asyncio.run(replay(args.target, streams, args.executors, warmup_s=args.warmup_s,
+                                measure_s=args.measure_s, spread_s=args.spread_s,
+                                allocator_pid=args.allocator_pid, seed=args.seed))
+    args.out.write_text(json.dumps(asdict(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
