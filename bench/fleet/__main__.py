@@ -1,0 +1,96 @@
+"""Fleet benchmark: how many executors one allocator process serves at GPU step rates.
+
+    .venv/bin/python -m bench.fleet            # full run (about 15 minutes)
+    .venv/bin/python -m bench.fleet --quick    # smoke run; writes nothing unless told
+
+For each iteration time, a few simulated executors record their Step streams live; then, for
+each N of the sweep, a fresh allocator (in memory, then durable on Redis, the order alternating
+from one N to the next) serves N replayed executors. A store's sweep stops at its first
+saturated point. Writes `## Fleet` of docs/benchmarks.md and docs/img/fleet_bench.png.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.fleet.capacity import STORES, Timing, record, replay_point
+from bench.fleet.plot import write_plot
+from bench.fleet.report import FleetResults, Point, Recording, section_body, summary_rows
+from bench.fleet.workload import FleetWorkload
+from bench.report import (add_output_flags, command_line, image_link, machine_description,
+                          output_paths, replace_section, text_table, today)
+
+QUICK = Timing(record_s=10.0, warmup_s=3.0, measure_s=4.0, spread_s=1.0)
+
+
+def parse_list(text: str, kind=float) -> list:
+    return [kind(part) for part in text.split(",") if part]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations-ms", default="20,5",
+                        help="iteration times to simulate, comma-separated")
+    parser.add_argument("--executors", default="4,8,16,24,32,48,64",
+                        help="N of the replay sweep, comma-separated")
+    parser.add_argument("--recorders", type=int, default=2,
+                        help="simulated executors recording streams live")
+    parser.add_argument("--running", type=int, default=256,
+                        help="sequences each simulated executor keeps running")
+    parser.add_argument("--stores", default=",".join(STORES))
+    add_output_flags(parser)
+    args = parser.parse_args(argv)
+    timing = QUICK if args.quick else Timing()
+    iterations = parse_list(args.iterations_ms)
+    sweep = parse_list(args.executors, int)
+    stores = [s for s in args.stores.split(",") if s]
+    out_md, out_png = output_paths(args, "fleet_bench.png")
+    workload = FleetWorkload(target_running=args.running)
+    results = FleetResults(
+        f"{today()} on {machine_description()}", command_line(),
+        workload.describe().replace(f"{workload.arrival_rate:.1f} requests/s",
+                                    "the rate that keeps the batch full"),
+        f"Streams recorded live for {timing.record_s:g} s by {args.recorders} simulated "
+        f"executors per iteration time; each replay starts its executors over "
+        f"{timing.spread_s:g} s, warms up for {timing.warmup_s:g} s and measures "
+        f"{timing.measure_s:g} s.")
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch:
+        work = Path(scratch)
+        total = len(iterations) * (1 + len(sweep) * len(stores))
+        with tqdm(total=total, unit="run", file=sys.stderr) as progress:
+            for it in iterations:
+                progress.set_description(f"{it:g} ms: recording {args.recorders} executors")
+                streams, summaries = record(work / f"{it:g}ms", it, args.recorders, timing,
+                                            args.running)
+                results.recordings.append(Recording(it, summaries))
+                progress.update(1)
+                saturated: set[str] = set()
+                for index, n in enumerate(sweep):
+                    order = stores if index % 2 == 0 else stores[::-1]
+                    for store in order:
+                        if store not in saturated:
+                            progress.set_description(f"{it:g} ms: {n} executors, {store}")
+                            point = Point(it, store, replay_point(streams, n, store, timing,
+                                                                  work, seed=index))
+                            results.points.append(point)
+                            if point.saturated:
+                                saturated.add(store)
+                        progress.update(1)
+    print(text_table(summary_rows(results)))
+    if out_png is not None:
+        write_plot(results, out_png)
+        print(f"plot: {out_png}")
+    if out_md is not None:
+        image = image_link(out_png, out_md, "fleet") if out_png else ""
+        image = image[image.index("(") + 1:-1] if image else "img/fleet_bench.png"
+        replace_section(out_md, "Fleet", section_body(results, image))
+        print(f"results: {out_md} (## Fleet)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

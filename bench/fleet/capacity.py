@@ -1,0 +1,76 @@
+"""The fleet benchmark's two phases, each in its own processes so that none of them is timed
+by another's work:
+
+1. `record`: an allocator service and a few simulated executors (sim_executor.py, one process
+   each) serving for a while; their Step streams and what they waited on.
+2. `replay_point`: a fresh allocator service (in memory, or durable on a fresh redis-server
+   with appendfsync everysec) and one replay driver (replay.py) playing N executors' streams.
+   The allocator's CPU time over the measured window comes from /proc.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.fleet.replay import ReplayResult
+from pagedserve.supervisor.redis_server import RedisProcess
+from pagedserve.supervisor.service_process import AllocatorProcess
+
+# No pool of a replay is reclaimed while the driver is still registering the others.
+LEASE_TTL = "600"
+# A snapshot's capture stalls the Step that triggers it; its cost is the durability benchmark's.
+NO_SNAPSHOTS = str(10**9)
+STORES = ("memory", "redis")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    record_s: float = 40.0
+    warmup_s: float = 8.0
+    measure_s: float = 20.0
+    spread_s: float = 3.0
+
+
+def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
+           running: int) -> tuple[list[Path], list[dict]]:
+    """Runs `recorders` simulated executors at once; their stream files and summaries."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"sim-{iteration_ms:g}ms-{k}.stream" for k in range(recorders)]
+    with AllocatorProcess("--lease-ttl", LEASE_TTL) as allocator:
+        sims = [subprocess.Popen(
+            [sys.executable, "-m", "bench.fleet.sim_executor", "--target", allocator.target,
+             "--executor-id", f"sim-{k}", "--seconds", str(timing.record_s),
+             "--iteration-ms", str(iteration_ms), "--running", str(running), "--seed", str(k),
+             "--out", str(path)], stdout=subprocess.PIPE, text=True)
+            for k, path in enumerate(paths)]
+        summaries = []
+        for sim in sims:
+            out, _ = sim.communicate()
+            if sim.returncode != 0:
+                raise RuntimeError(f"a simulated executor failed (exit {sim.returncode})")
+            summaries.append(json.loads(out.strip().splitlines()[-1]))
+    return paths, summaries
+
+
+def replay_point(streams: list[Path], executors: int, store: str, timing: Timing,
+                 work_dir: Path, seed: int = 0) -> ReplayResult:
+    """One replay of `executors` executors against a fresh allocator with `store`."""
+    result_path = work_dir / f"replay-{store}-{executors}.json"
+    with ExitStack() as stack:
+        args = ["--lease-ttl", LEASE_TTL]
+        if store == "redis":
+            redis_server = stack.enter_context(RedisProcess(
+                work_dir / f"redis-{executors}", appendfsync="everysec"))
+            args += ["--state-url", redis_server.url, "--snapshot-every", NO_SNAPSHOTS]
+        allocator = stack.enter_context(AllocatorProcess(*args))
+        subprocess.run(
+            [sys.executable, "-m", "bench.fleet.replay", "--target", allocator.target,
+             "--executors", str(executors), "--allocator-pid", str(allocator.process.pid),
+             "--warmup-s", str(timing.warmup_s), "--measure-s", str(timing.measure_s),
+             "--spread-s", str(timing.spread_s), "--seed", str(seed), "--out", str(result_path),
+             *map(str, streams)], check=True)
+    return ReplayResult(**json.loads(result_path.read_text()))

@@ -1,0 +1,152 @@
+"""The `## Fleet` section: what the simulated executors waited on, and per replayed point the
+allocator's CPU per executor-second, Step latency and stalls, with the capacity they imply."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from bench.fleet.replay import ReplayResult
+from bench.report import Row, markdown_table, percentile
+
+# The issue's targets: executors one allocator process serves with no stall and Step p99 within
+# 5 ms, in memory; with Redis (appendfsync everysec) at least 0.7 times as many.
+TARGET_EXECUTORS = {20.0: 128, 5.0: 32}
+REDIS_SHARE = 0.7
+TARGET_P99_MS = 5.0
+# A point whose stalls exceed this share of its Steps is saturated: the sweep stops there.
+SATURATED_STALL_SHARE = 0.01
+
+
+@dataclass(slots=True)
+class Point:
+    iteration_ms: float
+    store: str
+    result: ReplayResult
+
+    @property
+    def executors(self) -> int:
+        return self.result.executors
+
+    @property
+    def cpu_per_executor(self) -> float:
+        """Allocator CPU seconds per executor-second."""
+        r = self.result
+        return (r.allocator_cpu_s or 0.0) / (r.executors * r.window_s)
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(self.result.latencies_ms, 50) if self.result.latencies_ms else 0.0
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(self.result.latencies_ms, 99) if self.result.latencies_ms else 0.0
+
+    @property
+    def sustained(self) -> bool:
+        """No stall, nothing fell behind, every answer as recorded, p99 within target."""
+        r = self.result
+        return (r.stalls == 0 and r.behind == 0 and r.mismatches == 0
+                and self.p99_ms <= TARGET_P99_MS)
+
+    @property
+    def saturated(self) -> bool:
+        return self.result.stalls > SATURATED_STALL_SHARE * max(1, self.result.steps)
+
+
+@dataclass(slots=True)
+class Recording:
+    iteration_ms: float
+    summaries: list[dict]
+    steps_per_s: float = 0.0
+    ops_per_step: float = 0.0
+
+
+@dataclass(slots=True)
+class FleetResults:
+    machine: str
+    command: str
+    workload: str
+    timing: str
+    recordings: list[Recording] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
+
+    def of(self, iteration_ms: float, store: str) -> list[Point]:
+        return sorted((p for p in self.points if p.iteration_ms == iteration_ms
+                       and p.store == store), key=lambda p: p.executors)
+
+    def cpu_per_executor(self, iteration_ms: float, store: str) -> float:
+        """The median over the sweep's unsaturated points (the figure is flat in N)."""
+        points = [p for p in self.of(iteration_ms, store) if not p.saturated] or \
+            self.of(iteration_ms, store)
+        return statistics.median(p.cpu_per_executor for p in points) if points else 0.0
+
+    def largest_sustained(self, iteration_ms: float, store: str) -> int:
+        return max((p.executors for p in self.of(iteration_ms, store) if p.sustained),
+                   default=0)
+
+
+def target_for(iteration_ms: float, store: str) -> int:
+    target = TARGET_EXECUTORS.get(iteration_ms, 0)
+    return int(target * REDIS_SHARE) if store == "redis" else target
+
+
+def summary_rows(results: FleetResults) -> list[Row]:
+    rows = []
+    for recording in results.recordings:
+        it = recording.iteration_ms
+        sims = recording.summaries
+        seconds = sum(s["seconds"] for s in sims)
+        rows.append(Row(f"{it:g} ms: simulated executors (live), Steps/s and ops per Step",
+                        f"{sum(s['steps'] for s in sims) / seconds:.1f} /s, "
+                        f"{sum(s['ops'] for s in sims) / max(1, sum(s['steps'] for s in sims)):.1f}"
+                        " ops"))
+        rows.append(Row(f"{it:g} ms: live: mean running sequences, stalls, slot stalls",
+                        f"{statistics.fmean(s['mean_running'] for s in sims):.0f}, "
+                        f"{sum(s['stalls'] for s in sims)}, "
+                        f"{sum(s['slot_stalls'] for s in sims)}", "0 stalls",
+                        sum(s["stalls"] + s["slot_stalls"] for s in sims) == 0))
+        rows.append(Row(f"{it:g} ms: live: share of time waiting for admission/fork answers",
+                        f"{sum(s['blocking_wait_s'] for s in sims) / seconds:.1%}"))
+        for store in ("memory", "redis"):
+            if not results.of(it, store):
+                continue
+            cpu = results.cpu_per_executor(it, store)
+            target = target_for(it, store)
+            per_core = 1 / cpu if cpu else 0
+            rows.append(Row(f"{it:g} ms, {store}: allocator CPU per executor-second",
+                            f"{cpu * 1000:.1f} ms"))
+            rows.append(Row(f"{it:g} ms, {store}: executors per allocator core (1 / the above)",
+                            f"{per_core:.0f}", f"≥ {target}", per_core >= target))
+            largest = results.largest_sustained(it, store)
+            rows.append(Row(f"{it:g} ms, {store}: largest N replayed with 0 stalls, p99 ≤ "
+                            f"{TARGET_P99_MS:g} ms", f"{largest}", f"≥ {target}",
+                            largest >= target))
+    return rows
+
+
+def point_table(results: FleetResults) -> str:
+    header = ("| iteration | store | N | Steps/s | ops/s | allocator CPU (cores) | CPU per "
+              "executor-s | p50 / p99 (ms) | stalls | behind | answers differing |\n"
+              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [header]
+    for p in sorted(results.points, key=lambda p: (-p.iteration_ms, p.store, p.executors)):
+        r = p.result
+        lines.append(
+            f"| {p.iteration_ms:g} ms | {p.store} | {r.executors} | {r.steps / r.window_s:,.0f} "
+            f"| {r.ops / r.window_s:,.0f} | {(r.allocator_cpu_s or 0) / r.window_s:.2f} | "
+            f"{p.cpu_per_executor * 1000:.1f} ms | {p.p50_ms:.2f} / {p.p99_ms:.2f} | "
+            f"{r.stalls} | {r.behind} | {r.mismatches} |")
+    return "\n".join(lines)
+
+
+def section_body(results: FleetResults, image: str) -> str:
+    return "\n".join([
+        f"Measured on {results.machine}.", "",
+        f"Command: `{results.command}`", "",
+        "Method and reading: [Fleet: how it is measured](#fleet-how-it-is-measured).", "",
+        f"- Workload per executor: {results.workload}.",
+        f"- {results.timing}", "",
+        markdown_table(summary_rows(results)), "",
+        "Every replayed point (N executors, one fresh allocator each):", "",
+        point_table(results), "",
+        f"![fleet benchmark]({image})", ""])
