@@ -37,7 +37,9 @@ class PoolResetReason(enum.StrEnum):
     RESYNC = "resync"
 
 
-@dataclass(slots=True, frozen=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, and an event is
+# made for every block that enters or leaves a prefix cache (the allocator's hottest path).
+@dataclass(slots=True)
 class KvEvent:
     seq: int
     type: KvEventType
@@ -63,6 +65,17 @@ class KvEventLog:
         self.last_seq += 1
         self.pending.append(KvEvent(self.last_seq, type_, executor_id, **fields))  # type: ignore[arg-type]
 
+    def block_event(self, type_: KvEventType, executor_id: str, block: Block) -> None:
+        """A BlockStored or BlockRemoved of `block` as it is now (positional: the hot path)."""
+        self.last_seq += 1
+        if type_ is KvEventType.BLOCK_STORED:
+            self.pending.append(KvEvent(self.last_seq, type_, executor_id, block.block_id,
+                                        block.block_hash, block.parent_hash or b"",
+                                        block.token_ids))
+        else:
+            self.pending.append(KvEvent(self.last_seq, type_, executor_id, block.block_id,
+                                        block.block_hash))
+
     def drain(self) -> list[KvEvent]:
         events, self.pending = self.pending, []
         return events
@@ -79,11 +92,8 @@ class PoolEvents:
 
     def stored(self, block: Block) -> None:
         assert block.block_hash is not None and block.token_ids is not None
-        self.log.emit(KvEventType.BLOCK_STORED, self.executor_id, block_id=block.block_id,
-                      block_hash=block.block_hash, parent_hash=block.parent_hash or b"",
-                      token_ids=block.token_ids)
+        self.log.block_event(KvEventType.BLOCK_STORED, self.executor_id, block)
 
     def removed(self, block: Block) -> None:
         assert block.block_hash is not None
-        self.log.emit(KvEventType.BLOCK_REMOVED, self.executor_id, block_id=block.block_id,
-                      block_hash=block.block_hash)
+        self.log.block_event(KvEventType.BLOCK_REMOVED, self.executor_id, block)
