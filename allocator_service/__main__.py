@@ -1,6 +1,7 @@
 """`python -m allocator_service`: serve the Allocator and AllocatorAdmin APIs."""
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import threading
@@ -13,6 +14,7 @@ from allocator_service.server.admin_servicer import AllocatorAdminServicer
 from allocator_service.server.allocator_servicer import AllocatorServicer
 from allocator_service.server.config import AllocatorConfig, StateStoreOptions, parse_config
 from allocator_service.server.executor_identity import ExecutorIdentityInterceptor
+from allocator_service.server.heap import freeze_long_lived
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.logs import setup_logging
@@ -120,6 +122,8 @@ def serve(state: AllocatorState, service: GrpcService, stop: threading.Event,
     """Loads the state, then starts the lease reaper and the store's watchdog and serves."""
     if not load_state(state, stop, log):
         return
+    gc.collect()  # what failed loads left behind, before the loaded pools are frozen
+    freeze_long_lived()
     threading.Thread(target=reap_expired_leases, args=(state, stop, log), name="lease-reaper",
                      daemon=True).start()
     threading.Thread(target=state.watch_store, args=(stop,), name="store-watchdog",

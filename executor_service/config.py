@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--lookahead-slots", type=int, default=env("LOOKAHEAD_SLOTS", 4),
                        help="slots reserved ahead of each decoding sequence "
                             f"(env {ENV_PREFIX}_LOOKAHEAD_SLOTS)")
+    cache.add_argument("--step-interval", type=int, default=env("STEP_INTERVAL", 1),
+                       help="iterations an allocator Step may be put off while nothing needs "
+                            "its answer; waiting requests are admitted when one is due. Above 1 "
+                            "a fleet's allocator does several times less work per executor "
+                            "(docs/architecture.md) "
+                            f"(env {ENV_PREFIX}_STEP_INTERVAL)")
     cache.add_argument("--seed", type=int, default=env("SEED", -1),
                        help="seed of unseeded requests' sampling (default: from the OS) "
                             f"(env {ENV_PREFIX}_SEED)")
@@ -137,7 +143,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         args.kv_cache_memory = parse_size(args.kv_cache_memory)
     for name, low in (("num_blocks", 0), ("max_model_len", 0), ("max_num_seqs", 1),
                       ("torch_threads", 0),
-                      ("max_num_batched_tokens", 1), ("lookahead_slots", 0)):
+                      ("max_num_batched_tokens", 1), ("lookahead_slots", 0),
+                      ("step_interval", 1)):
         if getattr(args, name) < low:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least {low}")
     if args.gpu_memory_utilization is not None:
@@ -159,8 +166,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
                                 else args.gpu_memory_utilization),
         max_model_len=args.max_model_len or None, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        lookahead_slots=args.lookahead_slots, compile=args.compile,
-        enforce_eager=args.enforce_eager,
+        lookahead_slots=args.lookahead_slots, step_interval=args.step_interval,
+        compile=args.compile, enforce_eager=args.enforce_eager,
         sampler_seed=None if args.seed < 0 else args.seed)
     return ExecutorConfig(
         server=server, allocator=args.allocator,

@@ -108,6 +108,9 @@ class Allocator:
         """Installs a registered executor (new, or restored from a snapshot) and wires its
         pool's prefix-cache changes into the event log."""
         executor.pool.blocks.events = PoolEvents(self.events, executor.executor_id)
+        replaced = self.executors.get(executor.executor_id)
+        if replaced is not None and replaced.pool is not executor.pool:
+            replaced.pool.blocks.free_queue.unlink_all()
         self.executors[executor.executor_id] = executor
 
     def heartbeat(self, executor_id: str, epoch: int, num_waiting: int = 0,
@@ -140,6 +143,7 @@ class Allocator:
             if executor is None or executor.epoch != epoch:
                 continue
             del self.executors[executor_id]
+            executor.pool.blocks.free_queue.unlink_all()
             self.events.emit(KvEventType.POOL_RESET, executor_id,
                              reason=PoolResetReason.LEASE_EXPIRED)
             dropped.append(executor_id)

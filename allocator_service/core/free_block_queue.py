@@ -24,6 +24,18 @@ class FreeBlockQueue:
         for block in blocks:
             self.push_tail(block)
 
+    def unlink_all(self) -> None:
+        """Undoes the links of a pool being dropped. The list is a chain of reference cycles:
+        unlinked, its blocks are freed by reference counting alone, without the cyclic
+        garbage collector (which the allocator keeps away from its pools, see
+        allocator_service/server/heap.py)."""
+        block = self._head
+        while block is not None:
+            following = block.next_free
+            block.prev_free = block.next_free = None
+            block = following
+        self.num_free = 0
+
     def pop_head(self) -> Block:
         """Removes and returns the block to take next; the caller checks num_free first."""
         block = self._head.next_free

@@ -7,6 +7,7 @@ import grpc
 from allocator_service.durability import commands
 from allocator_service.durability.state import AllocatorState
 from allocator_service.server import convert
+from allocator_service.server.heap import freeze_long_lived
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.errors import InvalidArgument
@@ -25,6 +26,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         with self.state.writing() as core:
             executor = core.register_executor(*args, pool=pool)
             self.state.commit(commands.register(request))
+        freeze_long_lived()
         return pb.RegisterExecutorResponse(epoch=executor.epoch,
                                            lease_ttl_s=self.state.core.lease_ttl_s)
 

@@ -31,6 +31,22 @@ def parse_list(text: str, kind=float) -> list:
     return [kind(part) for part in text.split(",") if part]
 
 
+def compare_intervals(results: FleetResults, it: float, streams: list, args, timing: Timing,
+                      work: Path, progress) -> None:
+    """The same N replayed from streams recorded at the baseline interval and at the chosen
+    one, one after the other: what coalescing Steps saves the allocator."""
+    progress.set_description(f"{it:g} ms: recording at step interval {args.baseline_interval}")
+    baseline, _ = record(work / f"{it:g}ms-baseline", it, args.recorders, timing, args.running,
+                         args.baseline_interval)
+    progress.update(1)
+    n = args.baseline_executors
+    for interval, paths in ((args.baseline_interval, baseline), (args.step_interval, streams)):
+        progress.set_description(f"{it:g} ms: {n} executors at step interval {interval}")
+        results.interval_points.append((interval, Point(it, "memory", replay_point(
+            paths, n, "memory", timing, work, seed=99))))
+        progress.update(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations-ms", default="20,5",
@@ -42,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--running", type=int, default=256,
                         help="sequences each simulated executor keeps running")
     parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument("--step-interval", type=int, default=4,
+                        help="the simulated executors' --step-interval (coalesced Steps)")
+    parser.add_argument("--baseline-interval", type=int, default=1,
+                        help="also record at this interval and replay it beside the other at "
+                             "one N, in memory (0: no comparison)")
+    parser.add_argument("--baseline-executors", type=int, default=8)
     add_output_flags(parser)
     args = parser.parse_args(argv)
     timing = QUICK if args.quick else Timing()
@@ -57,15 +79,17 @@ def main(argv: list[str] | None = None) -> int:
         f"Streams recorded live for {timing.record_s:g} s by {args.recorders} simulated "
         f"executors per iteration time; each replay starts its executors over "
         f"{timing.spread_s:g} s, warms up for {timing.warmup_s:g} s and measures "
-        f"{timing.measure_s:g} s.")
+        f"{timing.measure_s:g} s. Simulated executors coalesce Steps with --step-interval "
+        f"{args.step_interval}.")
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch:
         work = Path(scratch)
-        total = len(iterations) * (1 + len(sweep) * len(stores))
+        compare = args.baseline_interval > 0
+        total = len(iterations) * (1 + len(sweep) * len(stores) + (3 if compare else 0))
         with tqdm(total=total, unit="run", file=sys.stderr) as progress:
             for it in iterations:
                 progress.set_description(f"{it:g} ms: recording {args.recorders} executors")
                 streams, summaries = record(work / f"{it:g}ms", it, args.recorders, timing,
-                                            args.running)
+                                            args.running, args.step_interval)
                 results.recordings.append(Recording(it, summaries))
                 progress.update(1)
                 saturated: set[str] = set()
@@ -80,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                             if point.saturated:
                                 saturated.add(store)
                         progress.update(1)
+                if compare:
+                    compare_intervals(results, it, streams, args, timing, work, progress)
     print(text_table(summary_rows(results)))
     if out_png is not None:
         write_plot(results, out_png)

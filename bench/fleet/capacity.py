@@ -36,15 +36,17 @@ class Timing:
 
 
 def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
-           running: int) -> tuple[list[Path], list[dict]]:
+           running: int, step_interval: int) -> tuple[list[Path], list[dict]]:
     """Runs `recorders` simulated executors at once; their stream files and summaries."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"sim-{iteration_ms:g}ms-{k}.stream" for k in range(recorders)]
+    paths = [out_dir / f"sim-{iteration_ms:g}ms-k{step_interval}-{k}.stream"
+             for k in range(recorders)]
     with AllocatorProcess("--lease-ttl", LEASE_TTL) as allocator:
         sims = [subprocess.Popen(
             [sys.executable, "-m", "bench.fleet.sim_executor", "--target", allocator.target,
              "--executor-id", f"sim-{k}", "--seconds", str(timing.record_s),
              "--iteration-ms", str(iteration_ms), "--running", str(running), "--seed", str(k),
+             "--step-interval", str(step_interval),
              "--out", str(path)], stdout=subprocess.PIPE, text=True)
             for k, path in enumerate(paths)]
         summaries = []
@@ -59,7 +61,7 @@ def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
 def replay_point(streams: list[Path], executors: int, store: str, timing: Timing,
                  work_dir: Path, seed: int = 0) -> ReplayResult:
     """One replay of `executors` executors against a fresh allocator with `store`."""
-    result_path = work_dir / f"replay-{store}-{executors}.json"
+    result_path = work_dir / f"replay-{streams[0].stem}-{store}-{executors}.json"
     with ExitStack() as stack:
         args = ["--lease-ttl", LEASE_TTL]
         if store == "redis":

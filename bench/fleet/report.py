@@ -69,6 +69,8 @@ class FleetResults:
     timing: str
     recordings: list[Recording] = field(default_factory=list)
     points: list[Point] = field(default_factory=list)
+    # (step interval, point): one N replayed from streams recorded at each interval.
+    interval_points: list[tuple[int, Point]] = field(default_factory=list)
 
     def of(self, iteration_ms: float, store: str) -> list[Point]:
         return sorted((p for p in self.points if p.iteration_ms == iteration_ms
@@ -124,6 +126,26 @@ def summary_rows(results: FleetResults) -> list[Row]:
     return rows
 
 
+def interval_rows(results: FleetResults) -> list[Row]:
+    rows = []
+    by_iteration: dict[float, list[tuple[int, Point]]] = {}
+    for interval, point in results.interval_points:
+        by_iteration.setdefault(point.iteration_ms, []).append((interval, point))
+    for it, pairs in by_iteration.items():
+        for interval, point in pairs:
+            r = point.result
+            rows.append(Row(f"{it:g} ms, {r.executors} executors, step interval {interval}: "
+                            "Steps/s per executor, CPU per executor-s, p99",
+                            f"{r.steps / r.window_s / r.executors:.1f}, "
+                            f"{point.cpu_per_executor * 1000:.1f} ms, {point.p99_ms:.2f} ms"))
+        if len(pairs) == 2 and pairs[1][1].cpu_per_executor:
+            (low, base), (high, chosen) = pairs
+            rows.append(Row(f"{it:g} ms: allocator CPU per executor, interval {low} / "
+                            f"interval {high}",
+                            f"{base.cpu_per_executor / chosen.cpu_per_executor:.2f}×"))
+    return rows
+
+
 def point_table(results: FleetResults) -> str:
     header = ("| iteration | store | N | Steps/s | ops/s | allocator CPU (cores) | CPU per "
               "executor-s | p50 / p99 (ms) | stalls | behind | answers differing |\n"
@@ -147,6 +169,8 @@ def section_body(results: FleetResults, image: str) -> str:
         f"- Workload per executor: {results.workload}.",
         f"- {results.timing}", "",
         markdown_table(summary_rows(results)), "",
+        "Coalesced Steps: the same N replayed from streams recorded with and without them:", "",
+        markdown_table(interval_rows(results)), "",
         "Every replayed point (N executors, one fresh allocator each):", "",
         point_table(results), "",
         f"![fleet benchmark]({image})", ""])

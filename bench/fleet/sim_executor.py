@@ -54,14 +54,15 @@ class SimSummary:
 
 
 def simulate(target: str, executor_id: str, workload: FleetWorkload, seconds: float, seed: int,
-             *, num_blocks: int = DEFAULT_NUM_BLOCKS, token: str = "",
+             *, num_blocks: int = DEFAULT_NUM_BLOCKS, step_interval: int = 1, token: str = "",
              stream_path: Path | None = None) -> SimSummary:
     forward = TimedForwardPass(workload.iteration_s)
     stream = StepStream(executor_id, num_blocks, BLOCK_SIZE, "fleet-sim:bs16",
                         workload.iteration_s, seconds)
     client = RemoteBlockAllocator(target, executor_id, "127.0.0.1:0", token=token)
     recorder = RecordingAllocator(client, forward, stream)
-    config = SchedulerConfig(BLOCK_SIZE, workload.target_running, MAX_NUM_BATCHED_TOKENS)
+    config = SchedulerConfig(BLOCK_SIZE, workload.target_running, MAX_NUM_BATCHED_TOKENS,
+                             step_interval=step_interval)
     engine = Engine(forward, RandomSampler(workload.vocab_size, seed), recorder, config,
                     vocab_size=workload.vocab_size, max_model_len=MAX_MODEL_LEN,
                     eos_token_ids=())
@@ -118,13 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iteration-ms", type=float, default=20.0)
     parser.add_argument("--running", type=int, default=256, help="sequences kept running")
     parser.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS)
+    parser.add_argument("--step-interval", type=int, default=1,
+                        help="the executor's --step-interval (coalesced Steps)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--token", default="", help="the allocator's bearer token, if any")
     parser.add_argument("--out", type=Path, help="write the Step stream here")
     args = parser.parse_args(argv)
     workload = FleetWorkload(target_running=args.running, iteration_s=args.iteration_ms / 1000)
     summary = simulate(args.target, args.executor_id, workload, args.seconds, args.seed,
-                       num_blocks=args.num_blocks, token=args.token, stream_path=args.out)
+                       num_blocks=args.num_blocks, step_interval=args.step_interval,
+                       token=args.token, stream_path=args.out)
     print(json.dumps(asdict(summary)), flush=True)
     return 0
 

@@ -3,7 +3,10 @@
 - Arrivals are Poisson, at the rate that keeps about `target_running` sequences running
   (Little's law: rate = running / (sequences per request x mean output tokens x iteration time)),
   with a first burst that fills the batch, so the executor reaches its steady state in seconds.
-- Prompt and output lengths are log-normal (bench/throughput/workload.py's `LogNormalLengths`).
+- Prompt and output lengths are log-normal (bench/throughput/workload.py's `LogNormalLengths`),
+  shaped like ShareGPT's as the vLLM paper reports them (Kwon et al., SOSP 2023, §6.1: mean
+  input 161 and mean output 338 tokens): prompts as the throughput benchmark draws them
+  (median 100, σ 1, mean about 165), outputs with median 250 and σ 0.8 (mean about 344).
 - A share of requests start with one of a few system prompts, which the prefix cache shares.
 - A share ask for n > 1 choices (the allocator forks them and copies on write).
 - A share are cancelled part way through their output.
@@ -23,12 +26,12 @@ from bench.throughput.workload import LogNormalLengths
 class FleetWorkload:
     target_running: int = 256
     iteration_s: float = 0.020
-    prompt_lengths: LogNormalLengths = LogNormalLengths(400, 0.8, 16, 4096)
-    output_lengths: LogNormalLengths = LogNormalLengths(200, 0.8, 8, 2048)
+    prompt_lengths: LogNormalLengths = LogNormalLengths(100, 1.0, 8, 1024)
+    output_lengths: LogNormalLengths = LogNormalLengths(250, 0.8, 8, 2048)
     # Share of requests behind one of `num_system_prompts` shared prefixes.
     system_prompt_share: float = 0.5
     num_system_prompts: int = 8
-    system_prompt_lengths: LogNormalLengths = LogNormalLengths(512, 0.5, 128, 2048)
+    system_prompt_lengths: LogNormalLengths = LogNormalLengths(256, 0.5, 64, 1024)
     # Share of requests with n > 1, and the n they ask for.
     fanout_share: float = 0.05
     fanout_choices: tuple[int, ...] = (2, 4)

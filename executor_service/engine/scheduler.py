@@ -18,6 +18,17 @@ block, so a steady decode costs one op per sequence per block, not per token:
                      ^ Append: publishes block k-1, reserves k+1 (16 slots of slack)
                                        ^ the next Append, 16 tokens later
 
+Steps can also be coalesced (`step_interval` K > 1): while nothing needs the allocator's
+answer before the forward pass (no admission, fork or copy-on-write, no sequence out of slots
+or about to be), an iteration's ops wait, up to K - 1 iterations, and go out together with the
+next Step. Waiting requests are admitted on the iterations a Step is due (or at once when
+nothing runs), so the Allocates join the Appends instead of forcing a Step of their own; a new
+request waits at most K - 1 iterations for that. A decoding sequence asks for its next block
+with at least a block of slack, so with K below the block size it never runs dry while its
+Append waits. An executor then sends about one Step per K iterations instead of one nearly
+every iteration (at 256 running sequences and block 16, some sequence needs a block almost
+every iteration).
+
 A prompt chunk, a sequence being forked, and one whose last block may be shared (copy-on-write)
 always send their Append: a sequence never writes into a shared block without the allocator's
 copy instruction. With `sparse_steps` off every running sequence sends an Append every
@@ -49,6 +60,9 @@ class SchedulerConfig:
     lookahead_slots: int = 4
     # Send a decoding sequence's Append only when its reserve drops below a block.
     sparse_steps: bool = True
+    # Iterations an allocator Step may be put off while nothing needs its answer (coalesced
+    # Steps, see the module's docstring); 1: a Step whenever an iteration has ops.
+    step_interval: int = 1
 
 
 class Scheduler:
@@ -58,6 +72,8 @@ class Scheduler:
         self.running: list[Request] = []          # in admission order
         self.pending_frees: list[str] = []
         self._admissions = itertools.count()
+        # Iterations planned since the last one that sent a Step.
+        self._since_step = 0
         self.num_preemptions = 0
         self.num_stalls = 0
         # Requests an op refused for good (e.g. a prompt larger than the pool), to report.
@@ -107,11 +123,22 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         for request in self.running:
             budget = self._plan_request(plan, request, budget)
-        while self.waiting and budget > 0 and self._room_for(self.waiting[0]):
+        step_due = self._since_step + 1 >= self.config.step_interval or not self.running
+        while self.waiting and budget > 0 and step_due and self._room_for(self.waiting[0]):
             request = self.waiting.popleft()
             self.running.append(request)
             budget = self._plan_request(plan, request, budget)
+        if plan.ops and not (step_due or plan.needs_answer or plan.urgent):
+            self._put_off(plan)
+        self._since_step = 0 if plan.ops else self._since_step + 1
         return plan
+
+    def _put_off(self, plan: StepPlan) -> None:
+        """Keeps this iteration's ops for a later Step: Appends are planned again (their tokens
+        stay unreported), Frees wait in pending_frees."""
+        deferred = [planned.op.seq_id for planned in plan.ops if planned.seq is None]
+        self.pending_frees[:0] = deferred
+        plan.ops = []
 
     def _plan_request(self, plan: StepPlan, request: Request, budget: int) -> int:
         """Plans every sequence of a running request the budget reaches; returns what is left."""
@@ -119,7 +146,7 @@ class Scheduler:
             if seq.status is SequenceStatus.FINISHED or budget == 0:
                 continue
             if seq.status is SequenceStatus.WAITING and seq.fork_parent is None:
-                plan.allocate(seq, self.config.lookahead_slots)
+                plan.allocate(seq, self._admission_reserve)
                 chunk = min(seq.num_uncomputed, budget)
                 plan.work.append((seq, chunk))
             else:
@@ -136,8 +163,11 @@ class Scheduler:
         if self.config.sparse_steps and seq.is_decoding:
             # The reserve: the slots past the token written now, one whole block of them.
             reserve = self.config.block_size
-            if blocked or seq.capacity(self.config.block_size) < end + reserve:
+            slack = seq.capacity(self.config.block_size) - end
+            if blocked or slack < reserve:
                 plan.append(seq, reserve)
+                # Its reserve would run out before a Step put off now goes out.
+                plan.urgent |= slack < self.config.step_interval
         else:
             lookahead = self.config.lookahead_slots if end == len(seq.token_ids) else 0
             plan.append(seq, lookahead)
@@ -147,6 +177,14 @@ class Scheduler:
                 plan.stalled += 1
         plan.work.append((seq, chunk))
         return chunk
+
+    @property
+    def _admission_reserve(self) -> int:
+        """Slots an Allocate reserves past the prompt: with coalesced Steps, enough that the
+        first decodes' Append can wait for the next due Step."""
+        if self.config.step_interval > 1:
+            return max(self.config.lookahead_slots, self.config.step_interval + 1)
+        return self.config.lookahead_slots
 
     def _room_for(self, request: Request) -> bool:
         return self.num_admitted_seqs + seqs_of(request) <= self.config.max_num_seqs

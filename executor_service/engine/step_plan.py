@@ -27,6 +27,9 @@ class StepPlan:
     needs_answer: bool = False
     # Of which: decoding sequences whose next slot lookahead did not cover (a stall).
     stalled: int = 0
+    # The Step cannot be put off (coalesced) to a later iteration: a sequence's reserve would
+    # run out first.
+    urgent: bool = False
     # (src, dst) block copies to run before the forward pass, from the Step's answer.
     copies: list[tuple[int, int]] = field(default_factory=list)
 

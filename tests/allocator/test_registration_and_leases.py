@@ -131,3 +131,29 @@ def test_step_renews_lease():
     assert allocator.expire_leases() == []
     clock.now = 124.0
     assert allocator.expire_leases() == ["e"]
+
+
+# -- a dropped pool leaves no garbage cycle ------------------------------------------------------
+# The allocator service keeps its pools out of the cyclic garbage collector (server/heap.py), so
+# a pool it drops must be freed by reference counting alone: its free list is unlinked.
+
+def unlinked(blocks) -> bool:
+    return all(block.prev_free is None and block.next_free is None for block in blocks)
+
+
+def test_a_reregistered_executors_old_pool_is_unlinked():
+    allocator, executor = registered()
+    old_blocks = list(executor.pool.blocks.blocks)
+    assert not unlinked(old_blocks)
+    allocator.register_executor("e", "host:1", NUM_BLOCKS, BLOCK_SIZE, "m")
+    assert unlinked(old_blocks)
+    assert allocator.executors["e"].pool.num_free_blocks == NUM_BLOCKS
+
+
+def test_a_reclaimed_pool_is_unlinked():
+    clock = FakeClock()
+    allocator, executor = registered(clock=clock, lease_ttl_s=5.0)
+    blocks = list(executor.pool.blocks.blocks)
+    clock.now = 6.0
+    assert allocator.expire_leases() == ["e"]
+    assert unlinked(blocks)

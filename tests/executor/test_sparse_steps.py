@@ -120,3 +120,58 @@ def test_no_sequence_writes_into_a_block_another_shares(checkpoint, lookahead_sl
     per_token = generate(engine_for(checkpoint, sparse_steps=False,
                                     lookahead_slots=lookahead_slots), prompts, params)
     assert [c.choices for c in sparse] == [c.choices for c in per_token]
+
+
+def test_coalesced_steps_go_out_once_every_interval_in_a_steady_decode(checkpoint):
+    """Prompts of staggered lengths make some sequence need a block nearly every iteration;
+    with step_interval 4 those Appends wait for the fourth, and no sequence runs dry."""
+    engine = engine_for(checkpoint, step_interval=4)
+    for index, prompt in enumerate(random_prompts(list(range(5, 5 + 2 * BLOCK)), seed=5)):
+        engine.add_request(f"r{index}", prompt, DECODING)
+    for _ in range(BLOCK):  # admission and prefill; every reserve comes onto a block boundary
+        engine.step()
+    assert all(seq.is_decoding for request in engine.requests.values()
+               for seq in request.sequences)
+    counter = OpCounter(engine)
+    iterations = 4 * BLOCK
+    for _ in range(iterations):
+        engine.step()
+    assert counter.steps == iterations // 4
+    assert counter.appends == 2 * BLOCK * iterations // BLOCK
+    assert engine.scheduler.num_stalls == 0
+
+
+def test_coalesced_steps_answer_what_a_step_per_iteration_answers(checkpoint):
+    """Forks, copy-on-write and prefix hits with Steps put off: the same tokens, fewer Steps, no write into a shared block, a clean audit."""
+    shared, other = random_prompts([40, 23], seed=9)
+    prompts = [shared, shared + [5, 6, 7], other, shared, other[:9]]
+    params = [SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=35, ignore_eos=True),
+              SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=30, ignore_eos=True),
+              SamplingParams(n=2, temperature=1.0, seed=13, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)]
+    answers, steps = {}, {}
+    for interval in (1, 4):
+        engine = engine_for(checkpoint, step_interval=interval)
+        pool = engine.allocator.pool
+        written_shared = []
+        execute = engine.runner.execute
+
+        def checked(work, copies, execute=execute, pool=pool, written_shared=written_shared):
+            for seq, chunk in work:
+                for position in range(seq.num_computed, seq.num_computed + chunk):
+                    block = seq.block_table[position // BLOCK]
+                    if pool.blocks.blocks[block].ref_count != 1:
+                        written_shared.append((seq.seq_id, block))
+            return execute(work, copies)
+
+        engine.runner.execute = checked
+        counter = OpCounter(engine)
+        answers[interval] = [c.choices for c in generate(engine, prompts, params)]
+        steps[interval] = counter.steps
+        assert written_shared == []
+        assert engine.scheduler.num_stalls == 0
+        assert not pool.sequences
+        assert audit_pool("local", pool) == []
+    assert answers[4] == answers[1]
+    assert steps[4] < steps[1]
