@@ -1,0 +1,92 @@
+"""The fleet benchmark's parts, against a real allocator service: a simulated executor records a
+Step stream, and a replay of several executors from it drives a fresh allocator exactly as the
+executor did (every answer equal, byte for byte), leaving its pools consistent. No timings are
+asserted; counts are."""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import grpc
+
+from bench.fleet.replay import replay
+from bench.fleet.step_stream import StepStream
+from bench.fleet.workload import FleetWorkload, draw_requests
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
+from pagedserve.supervisor.service_process import AllocatorProcess
+
+SMALL = FleetWorkload(target_running=16, iteration_s=0.02)
+
+
+def test_the_workload_keeps_the_batch_full_by_littles_law():
+    # 16 sequences, each living mean-output-tokens iterations of 20 ms.
+    lifetime = SMALL.mean_output_tokens * SMALL.iteration_s
+    assert math.isclose(SMALL.arrival_rate * SMALL.mean_sequences * lifetime, 16)
+    requests = draw_requests(SMALL, 200.0, seed=1)
+    assert requests == draw_requests(SMALL, 200.0, seed=1)
+    assert [r.arrival_s for r in requests] == sorted(r.arrival_s for r in requests)
+    later = [r for r in requests if r.arrival_s > 0]
+    assert math.isclose(len(later) / 200.0, SMALL.arrival_rate, rel_tol=0.2)
+    assert 0.02 < statistics.fmean(r.n > 1 for r in requests) < 0.1
+    assert 0.02 < statistics.fmean(r.cancel_after is not None for r in requests) < 0.1
+    assert all(r.cancel_after is None or 0 < r.cancel_after < r.max_tokens for r in requests)
+
+
+def audit(target: str) -> list[str]:
+    with grpc.insecure_channel(target) as channel:
+        reply = pb_grpc.AllocatorAdminStub(channel).Audit(pb.AuditRequest())
+    assert reply.num_pools > 0
+    return list(reply.violations)
+
+
+def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path):
+    stream_path = tmp_path / "sim.stream"
+    with AllocatorProcess("--lease-ttl", "600") as allocator:
+        run = subprocess.run(
+            [sys.executable, "-m", "bench.fleet.sim_executor", "--target", allocator.target,
+             "--executor-id", "sim-0", "--seconds", "4", "--running", "16", "--num-blocks",
+             "512", "--step-interval", "4", "--out", str(stream_path)],
+            capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        summary = json.loads(run.stdout.strip().splitlines()[-1])
+        assert audit(allocator.target) == []
+    stream = StepStream.load(stream_path)
+    assert summary["iterations"] > 50 and summary["steps"] == len(stream.steps) > 5
+    # Coalesced: fewer Steps than iterations.
+    assert summary["steps"] < summary["iterations"]
+    assert [s.offset_s for s in stream.steps] == sorted(s.offset_s for s in stream.steps)
+
+    with AllocatorProcess("--lease-ttl", "600") as allocator:
+        result = asyncio.run(replay(allocator.target, [stream], 3, warmup_s=0.0, measure_s=6.0,
+                                    spread_s=0.5, allocator_pid=allocator.process.pid))
+        problems = audit(allocator.target)
+    assert result.mismatches == 0
+    assert result.steps == 3 * len(stream.steps)
+    assert result.ops == 3 * sum(step.num_ops for step in stream.steps)
+    assert len(result.latencies_ms) == result.steps
+    assert result.allocator_cpu_s is not None and result.allocator_cpu_s > 0
+    assert problems == []
+
+
+def test_a_replay_against_another_pool_size_is_caught(tmp_path):
+    """The byte-for-byte check can fail: the same ops on blocks of another size get other
+    block tables."""
+    stream_path = tmp_path / "sim.stream"
+    with AllocatorProcess("--lease-ttl", "600") as allocator:
+        subprocess.run(
+            [sys.executable, "-m", "bench.fleet.sim_executor", "--target", allocator.target,
+             "--executor-id", "sim-0", "--seconds", "2", "--running", "8", "--num-blocks",
+             "256", "--out", str(stream_path)], check=True, capture_output=True, timeout=120)
+    stream = StepStream.load(stream_path)
+    stream.block_size *= 2
+    with AllocatorProcess("--lease-ttl", "600") as allocator:
+        result = asyncio.run(replay(allocator.target, [stream], 1, warmup_s=0.0, measure_s=4.0,
+                                    spread_s=0.0, allocator_pid=None))
+    assert result.steps == len(stream.steps)
+    assert result.mismatches > 0
+
