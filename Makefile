@@ -74,6 +74,7 @@ bench: $(INSTALLED) redis-server
 	$(BIN)/python -m bench.memory
 	$(BIN)/python -m bench.sharing
 	$(BIN)/python -m bench.serve
+	$(BIN)/python -m bench.fleet
 
 # Ten minutes of mixed load through the whole stack, with random cancels and one allocator
 # kill -9 (bench/soak/); stops by itself, fails when a block leaked, an answer was wrong or a

@@ -10,6 +10,7 @@ import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -19,6 +20,9 @@ from bench.fleet.workload import FleetWorkload, draw_requests
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import AllocatorProcess
+from tests.support.bench_runs import BENCH_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = FleetWorkload(target_running=16, iteration_s=0.02)
 
@@ -90,3 +94,19 @@ def test_a_replay_against_another_pool_size_is_caught(tmp_path):
     assert result.steps == len(stream.steps)
     assert result.mismatches > 0
 
+
+
+def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
+    before = (ROOT / "docs" / "benchmarks.md").read_bytes()
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.fleet", "--quick", "--iterations-ms", "20", "--executors",
+         "2", "--recorders", "1", "--running", "32", "--stores", "memory",
+         "--baseline-interval", "0"],
+        cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for metric in ("20 ms: simulated executors (live), Steps/s and ops per Step",
+                   "20 ms, memory: allocator CPU per executor-second",
+                   "20 ms, memory: largest N replayed with 0 stalls"):
+        assert metric in run.stdout
+    assert (ROOT / "docs" / "benchmarks.md").read_bytes() == before
+    assert list(tmp_path.iterdir()) == []
