@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import sys
@@ -143,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     streams = [StepStream.load(path) for path in args.streams]
+    # The recorded streams are a few hundred thousand long-lived objects: without this, the
+    # driver's own full collections pause its event loop and show up as late answers.
+    gc.freeze()
     result = asyncio.run(replay(args.target, streams, args.executors, warmup_s=args.warmup_s,
                                 measure_s=args.measure_s, spread_s=args.spread_s,
                                 allocator_pid=args.allocator_pid, seed=args.seed))
