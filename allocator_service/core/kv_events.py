@@ -62,19 +62,12 @@ class KvEventLog:
         self.pending: list[KvEvent] = []
 
     def emit(self, type_: KvEventType, executor_id: str, **fields: object) -> None:
-        self.last_seq += 1
-        self.pending.append(KvEvent(self.last_seq, type_, executor_id, **fields))  # type: ignore[arg-type]
+        self.pending.append(KvEvent(self.next_seq(), type_, executor_id, **fields))  # type: ignore[arg-type]
 
-    def block_event(self, type_: KvEventType, executor_id: str, block: Block) -> None:
-        """A BlockStored or BlockRemoved of `block` as it is now (positional: the hot path)."""
+    def next_seq(self) -> int:
+        """Numbers the event about to be added (positional construction: the hot path)."""
         self.last_seq += 1
-        if type_ is KvEventType.BLOCK_STORED:
-            self.pending.append(KvEvent(self.last_seq, type_, executor_id, block.block_id,
-                                        block.block_hash, block.parent_hash or b"",
-                                        block.token_ids))
-        else:
-            self.pending.append(KvEvent(self.last_seq, type_, executor_id, block.block_id,
-                                        block.block_hash))
+        return self.last_seq
 
     def drain(self) -> list[KvEvent]:
         events, self.pending = self.pending, []
@@ -92,8 +85,11 @@ class PoolEvents:
 
     def stored(self, block: Block) -> None:
         assert block.block_hash is not None and block.token_ids is not None
-        self.log.block_event(KvEventType.BLOCK_STORED, self.executor_id, block)
+        self.log.pending.append(KvEvent(
+            self.log.next_seq(), KvEventType.BLOCK_STORED, self.executor_id, block.block_id,
+            block.block_hash, block.parent_hash or b"", block.token_ids))
 
     def removed(self, block: Block) -> None:
         assert block.block_hash is not None
-        self.log.block_event(KvEventType.BLOCK_REMOVED, self.executor_id, block)
+        self.log.pending.append(KvEvent(self.log.next_seq(), KvEventType.BLOCK_REMOVED,
+                                        self.executor_id, block.block_id, block.block_hash))
