@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         write_plot(results, out_png)
         print(f"plot: {out_png}")
     if out_md is not None:
-        image = image_link(out_png, out_md, "fleet") if out_png else ""
-        image = image[image.index("(") + 1:-1] if image else "img/fleet_bench.png"
+        image = image_link(out_png, out_md, "fleet benchmark") if out_png else ""
         replace_section(out_md, "Fleet", section_body(results, image))
         print(f"results: {out_md} (## Fleet)")
     return 0

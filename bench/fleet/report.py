@@ -57,8 +57,6 @@ class Point:
 class Recording:
     iteration_ms: float
     summaries: list[dict]
-    steps_per_s: float = 0.0
-    ops_per_step: float = 0.0
 
 
 @dataclass(slots=True)
@@ -162,6 +160,7 @@ def point_table(results: FleetResults) -> str:
 
 
 def section_body(results: FleetResults, image: str) -> str:
+    """`image`: the markdown that shows the plot (empty: none)."""
     return "\n".join([
         f"Measured on {results.machine}.", "",
         f"Command: `{results.command}`", "",
@@ -173,4 +172,4 @@ def section_body(results: FleetResults, image: str) -> str:
         markdown_table(interval_rows(results)), "",
         "Every replayed point (N executors, one fresh allocator each):", "",
         point_table(results), "",
-        f"![fleet benchmark]({image})", ""])
+        image, ""])

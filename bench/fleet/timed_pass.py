@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from bench.memory.paged import StandInRunner
 from executor_service.engine.request import Sequence
 
 
@@ -21,6 +22,9 @@ class TimedForwardPass:
         # Passes run, and when the last one ended (time.monotonic()).
         self.passes = 0
         self.ended_at = 0.0
+        # Computed marks and the sequences to sample, as the memory benchmark keeps them; the
+        # random sampler reads no logits, so one column stands for them.
+        self.bookkeeping = StandInRunner(vocab_size=1)
 
     def execute(self, work: list[tuple[Sequence, int]], copies: list[tuple[int, int]]
                 ) -> tuple[torch.Tensor | None, list[Sequence]]:
@@ -32,12 +36,4 @@ class TimedForwardPass:
         end = start + self.iteration_s
         time.sleep(max(0.0, end - time.monotonic()))
         self.ended_at = time.monotonic()
-        sampled = []
-        for seq, chunk in work:
-            seq.num_computed += chunk
-            if seq.num_computed == len(seq.token_ids):
-                sampled.append(seq)
-        if not sampled:
-            return None, []
-        # The sampler below draws its tokens without reading logits: one column stands for them.
-        return torch.empty(len(sampled), 1), sampled
+        return self.bookkeeping.execute(work, copies)

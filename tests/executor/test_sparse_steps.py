@@ -45,6 +45,25 @@ class OpCounter:
         engine.allocator.submit = counted
 
 
+def shared_writes(engine) -> list[tuple[str, int]]:
+    """Watches the engine's forward passes: the (sequence, block) of every slot written into a
+    block whose reference count, as the allocator's own pool says, is not 1."""
+    pool = engine.allocator.pool
+    written_shared: list[tuple[str, int]] = []
+    execute = engine.runner.execute
+
+    def checked(work, copies):
+        for seq, chunk in work:
+            for position in range(seq.num_computed, seq.num_computed + chunk):
+                block = seq.block_table[position // BLOCK]
+                if pool.blocks.blocks[block].ref_count != 1:
+                    written_shared.append((seq.seq_id, block))
+        return execute(work, copies)
+
+    engine.runner.execute = checked
+    return written_shared
+
+
 def decode_steadily(engine, num_seqs: int, prompt_len: int) -> None:
     """Admits `num_seqs` greedy requests and steps until every one is decoding."""
     for index, prompt in enumerate(random_prompts([prompt_len] * num_seqs, seed=3)):
@@ -96,18 +115,7 @@ def test_no_sequence_writes_into_a_block_another_shares(checkpoint, lookahead_sl
     admission a forked child already holds its next slots: only copy-on-write makes it ask."""
     engine = engine_for(checkpoint, lookahead_slots=lookahead_slots)
     pool = engine.allocator.pool
-    written_shared: list[tuple[str, int]] = []
-    execute = engine.runner.execute
-
-    def checked(work, copies):
-        for seq, chunk in work:
-            for position in range(seq.num_computed, seq.num_computed + chunk):
-                block = seq.block_table[position // BLOCK]
-                if pool.blocks.blocks[block].ref_count != 1:
-                    written_shared.append((seq.seq_id, block))
-        return execute(work, copies)
-
-    engine.runner.execute = checked
+    written_shared = shared_writes(engine)
     shared, other = random_prompts([40, 23], seed=9)
     prompts = [shared, shared + [5, 6, 7], other, shared]
     params = [SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=40, ignore_eos=True),
@@ -154,18 +162,7 @@ def test_coalesced_steps_answer_what_a_step_per_iteration_answers(checkpoint):
     for interval in (1, 4):
         engine = engine_for(checkpoint, step_interval=interval)
         pool = engine.allocator.pool
-        written_shared = []
-        execute = engine.runner.execute
-
-        def checked(work, copies, execute=execute, pool=pool, written_shared=written_shared):
-            for seq, chunk in work:
-                for position in range(seq.num_computed, seq.num_computed + chunk):
-                    block = seq.block_table[position // BLOCK]
-                    if pool.blocks.blocks[block].ref_count != 1:
-                        written_shared.append((seq.seq_id, block))
-            return execute(work, copies)
-
-        engine.runner.execute = checked
+        written_shared = shared_writes(engine)
         counter = OpCounter(engine)
         answers[interval] = [c.choices for c in generate(engine, prompts, params)]
         steps[interval] = counter.steps
