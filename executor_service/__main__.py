@@ -2,6 +2,7 @@
 the Executor API."""
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Sequence
@@ -9,14 +10,15 @@ from collections.abc import Sequence
 import torch
 
 from executor_service.allocator_client import RemoteBlockAllocator
-from executor_service.config import (
-    ExecutorConfig, default_advertise_address, default_executor_id, parse_config)
+from executor_service.config import (ExecutorConfig, default_advertise_address, default_executor_id,
+                                     parse_config)
 from executor_service.engine.build import build_engine
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 from executor_service.model.model_config import ModelConfig
 from executor_service.model.tokenizer_files import load_tokenizer_files
 from executor_service.servicer import ExecutorServicer
 from executor_service.serving_loop import ServingLoop
+from pagedserve.common.allocator_shards import shard_of
 from pagedserve.common.logs import setup_logging
 from pagedserve.common.server import GrpcService
 from pagedserve.executor.v1 import executor_pb2 as pb
@@ -32,7 +34,13 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
     directory = config.model or embedded_model_dir()
     model_config = ModelConfig.from_dir(directory, max_model_len=config.engine.max_model_len)
     tokenizer = load_tokenizer_files(directory, model_config.vocab_size)
-    allocator = RemoteBlockAllocator(config.allocator, executor_id, address,
+    # In an allocator group, the shard this executor's id hashes to owns its pool.
+    shard = shard_of(executor_id, config.allocator_group)
+    if len(config.allocator_group) > 1:
+        logging.getLogger(__name__).info(
+            "registering with allocator %s, shard %d of %d", shard,
+            config.allocator_group.index(shard) + 1, len(config.allocator_group))
+    allocator = RemoteBlockAllocator(shard, executor_id, address,
                                      token=config.allocator_token,
                                      tls_ca=config.allocator_tls_ca)
     engine = build_engine(directory, config.engine, allocator)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from executor_service.engine.build import DEFAULT_GPU_MEMORY_UTILIZATION, EngineOptions
 from executor_service.model.compiled_forward import COMPILE_CHOICES
+from pagedserve.common.allocator_shards import parse_allocator_group
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
 
@@ -21,7 +22,8 @@ SIZE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 @dataclass(slots=True, frozen=True)
 class ExecutorConfig:
     server: ServerOptions
-    allocator: str
+    # The allocator, or every shard of an allocator group; the pool registers with one of them.
+    allocator_group: tuple[str, ...]
     allocator_token: str
     # PEM CA bundle that verifies a TLS allocator; empty: the allocator channel is plaintext.
     allocator_tls_ca: str
@@ -51,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(parser, ENV_PREFIX, DEFAULT_PORT)
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
-                        help=f"the allocator's HOST:PORT (env {ENV_PREFIX}_ALLOCATOR)")
+                        help="the allocator's HOST:PORT, or HOST:PORT,HOST:PORT,... for an "
+                             "allocator group: the pool registers with the shard its executor "
+                             "id hashes to, so list the shards alike everywhere "
+                             f"(env {ENV_PREFIX}_ALLOCATOR)")
     parser.add_argument("--allocator-token", default=env("ALLOCATOR_TOKEN", ""),
                         help="bearer token for the allocator (default: --auth-token, the "
                              f"services' shared token) (env {ENV_PREFIX}_ALLOCATOR_TOKEN)")
@@ -155,6 +160,10 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         if not args.device.startswith("cuda"):
             raise SystemExit("--gpu-memory-utilization sizes the KV cache from a GPU's memory; "
                              f"on --device {args.device} give --kv-cache-memory or --num-blocks")
+    try:
+        allocator_group = parse_allocator_group(args.allocator)
+    except ValueError as error:
+        raise SystemExit(f"--allocator: {error}") from None
     if args.model and not Path(args.model).is_dir():
         raise SystemExit(f"--model {args.model}: no such directory")
     server = server_options(args)
@@ -170,7 +179,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         compile=args.compile, enforce_eager=args.enforce_eager,
         sampler_seed=None if args.seed < 0 else args.seed)
     return ExecutorConfig(
-        server=server, allocator=args.allocator,
+        server=server, allocator_group=allocator_group,
         allocator_token=args.allocator_token or args.auth_token,
         allocator_tls_ca=args.tls_ca, executor_id=args.executor_id,
         advertise_address=args.advertise_address,

@@ -23,6 +23,7 @@ from gateway.openai_http.api import OpenAIHttpApi
 from gateway.openai_http.server import HttpServer
 from gateway.servicer import GatewayServicer
 from pagedserve.common.aio_server import AsyncGrpcService
+from pagedserve.common.allocator_group import AllocatorGroup
 from pagedserve.common.auth import AsyncBearerTokenInterceptor
 from pagedserve.common.client import open_aio_channel, open_channel
 from pagedserve.common.logs import setup_logging
@@ -51,16 +52,16 @@ async def serve(config: GatewayConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _on_signal, signum, stop_requested)
 
-    allocator = open_channel(config.allocator, config.service_token, config.tls_ca)
+    allocators = AllocatorGroup(config.allocator_group, config.service_token, config.tls_ca)
     directory = ExecutorDirectory(
-        allocator, lambda address: open_channel(address, config.service_token, config.tls_ca),
+        allocators, lambda address: open_channel(address, config.service_token, config.tls_ca),
         lambda address: open_aio_channel(address, config.service_token, config.tls_ca),
         loop, config.refresh_s)
     admission = Admission(config.max_running, config.max_queued)
-    generator = Generator(directory, allocator, admission)
+    generator = Generator(directory, allocators, admission)
     metrics = GatewayMetrics()
     metrics.watch_admission(admission)
-    metrics.registry.register(ClusterCollector(allocator, directory))
+    metrics.registry.register(ClusterCollector(allocators, directory))
     servicer = GatewayServicer(generator, metrics, config.api_keys)
     auth = (AsyncBearerTokenInterceptor(config.api_keys, API_KEY_HINT) if config.api_keys
             else None)
@@ -85,7 +86,7 @@ async def serve(config: GatewayConfig) -> int:
     await service.stop()
     await http.stop()
     await asyncio.to_thread(directory.stop)
-    allocator.close()
+    allocators.close()
     log.info("stopped")
     return 0
 

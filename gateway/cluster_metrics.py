@@ -10,7 +10,9 @@ From each executor the gateway routes to (Executor.GetInfo):
     pagedserve_executor_preemptions_total     sequences preempted for lack of blocks
     pagedserve_executor_allocator_stalls_total iterations that waited on the allocator
     pagedserve_executor_requests{state}       running, waiting
-And pagedserve_allocator_up, 0 when the allocator did not answer this scrape.
+And pagedserve_allocator_up, 0 when the allocator (any shard of an allocator group) did not
+answer this scrape, with pagedserve_allocator_shard_up{shard} for each shard; the pools of the
+shards that answered are reported all the same.
 
 A scrape asks each service with a short timeout, so a dead service costs a scrape at most
 that long and shows up as a missing series (or allocator_up 0), never as a hung /metrics.
@@ -26,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from gateway.executors.directory import ExecutorDirectory
 from pagedserve.allocator.v1 import allocator_pb2 as apb
-from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
+from pagedserve.common.allocator_group import AllocatorGroup, merge_stats
 from pagedserve.executor.v1 import executor_pb2 as epb
 from pagedserve.executor.v1 import executor_pb2_grpc as epb_grpc
 
@@ -35,8 +37,8 @@ SCRAPE_TIMEOUT_S = 1.0
 
 
 class ClusterCollector(Collector):
-    def __init__(self, allocator: grpc.Channel, directory: ExecutorDirectory) -> None:
-        self._admin = apb_grpc.AllocatorAdminStub(allocator)
+    def __init__(self, allocators: AllocatorGroup, directory: ExecutorDirectory) -> None:
+        self._allocators = allocators
         self._directory = directory
 
     def collect(self) -> Iterator[Metric]:
@@ -44,17 +46,22 @@ class ClusterCollector(Collector):
         yield from self._executor_metrics()
 
     def _allocator_metrics(self) -> Iterator[Metric]:
+        answers = self._allocators.ask("GetStats", apb.GetStatsRequest(), SCRAPE_TIMEOUT_S)
+        for shard, error in answers.failures.items():
+            log.warning("metrics: allocator %s GetStats failed: %s", shard, error.code().name)
         up = GaugeMetricFamily("pagedserve_allocator_up",
-                               "1 when the allocator answered this scrape")
-        try:
-            stats = self._admin.GetStats(apb.GetStatsRequest(), timeout=SCRAPE_TIMEOUT_S)
-        except grpc.RpcError as error:
-            log.warning("metrics: allocator GetStats failed: %s", error.code().name)
-            up.add_metric([], 0)
-            yield up
+                               "1 when the allocator (every shard of a group) answered this "
+                               "scrape")
+        up.add_metric([], 0 if answers.failures else 1)
+        shard_up = GaugeMetricFamily("pagedserve_allocator_shard_up",
+                                     "1 when this allocator of the group answered this scrape",
+                                     labels=["shard"])
+        for shard in self._allocators.shards:
+            shard_up.add_metric([shard], 0 if shard in answers.failures else 1)
+        yield from (up, shard_up)
+        if not answers.replies:
             return
-        up.add_metric([], 1)
-        yield up
+        stats = merge_stats(list(answers.replies.values()))
         usage = GaugeMetricFamily("pagedserve_kv_usage_ratio",
                                   "Used KV blocks over the pool's blocks", labels=["executor"])
         blocks = GaugeMetricFamily("pagedserve_kv_blocks", "KV blocks by state",

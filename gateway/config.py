@@ -5,6 +5,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from pagedserve.common.allocator_shards import parse_allocator_group
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
 
@@ -16,7 +17,8 @@ ENV_PREFIX = "PAGEDSERVE_GATEWAY"
 @dataclass(slots=True, frozen=True)
 class GatewayConfig:
     server: ServerOptions
-    allocator: str
+    # The allocator, or every shard of an allocator group (each is asked about its executors).
+    allocator_group: tuple[str, ...]
     # Presented to the allocator and the executors.
     service_token: str
     tls_ca: str
@@ -39,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                      worker_threads=False)
     env = lambda name, default: env_or(f"{ENV_PREFIX}_{name}", default)  # noqa: E731
     parser.add_argument("--allocator", default=env("ALLOCATOR", "127.0.0.1:50052"),
-                        help="the allocator's HOST:PORT; executors are discovered through it "
+                        help="the allocator's HOST:PORT, or HOST:PORT,HOST:PORT,... for every "
+                             "shard of an allocator group; executors are discovered through it "
                              f"(env {ENV_PREFIX}_ALLOCATOR)")
     parser.add_argument("--tls-ca", default=env("TLS_CA", ""),
                         help="PEM CA bundle to verify the allocator's and executors' TLS "
@@ -73,6 +76,10 @@ def parse_config(argv: Sequence[str] | None = None) -> GatewayConfig:
     if not 0 <= args.http_port <= 65535:
         raise SystemExit(f"--http-port must be between 0 (pick a free one) and 65535, "
                          f"got {args.http_port}")
+    try:
+        allocator_group = parse_allocator_group(args.allocator)
+    except ValueError as error:
+        raise SystemExit(f"--allocator: {error}") from None
     api_keys = tuple(args.api_keys if args.api_keys is not None
                      else env_or(f"{ENV_PREFIX}_API_KEYS", "").split(","))
     api_keys = tuple(key.strip() for key in api_keys if key.strip())
@@ -80,7 +87,7 @@ def parse_config(argv: Sequence[str] | None = None) -> GatewayConfig:
     # --auth-token (PAGEDSERVE_AUTH_TOKEN) is the services' shared token: the gateway presents
     # it to the allocator and executors. Its own clients authenticate with API keys instead.
     server = replace(server, auth_token="")
-    return GatewayConfig(server=server, allocator=args.allocator,
+    return GatewayConfig(server=server, allocator_group=allocator_group,
                          service_token=args.auth_token, tls_ca=args.tls_ca,
                          max_running=args.max_running, max_queued=args.max_queued,
                          refresh_s=args.refresh_s, log_level=args.log_level,

@@ -25,8 +25,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-import grpc
-
 from gateway.admission import Admission
 from gateway.choice_stream import ChoiceDelta, ChoiceStream
 from gateway.executors import router
@@ -36,8 +34,8 @@ from gateway.generation_request import GenerationRequest
 from gateway.prompt import generation_budget, prompt_token_ids
 from gateway.tenancy import scoped_salt
 from pagedserve.allocator.v1 import allocator_pb2 as apb
-from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.common import errors
+from pagedserve.common.allocator_group import AllocatorGroup
 from pagedserve.common.errors import InvalidArgument, NotFound, Unavailable
 from pagedserve.protocol.sampling_codec import sampling_to_proto
 
@@ -72,10 +70,10 @@ class GenerationEvent:
 
 
 class Generator:
-    def __init__(self, directory: ExecutorDirectory, allocator: grpc.Channel,
+    def __init__(self, directory: ExecutorDirectory, allocators: AllocatorGroup,
                  admission: Admission) -> None:
         self.directory = directory
-        self._allocator = apb_grpc.AllocatorStub(allocator)
+        self._allocators = allocators
         self.admission = admission
 
     def model(self, name: str) -> ServedModel:
@@ -213,18 +211,17 @@ class Generator:
         return entries[router.choose(candidates, len(prompt)).executor_id]
 
     def _matches(self, prompt: list[int], cache_salt: str) -> dict[str, apb.ExecutorMatch]:
-        """MatchPrefix per executor; without an answer (allocator down) routing falls back to
-        load alone rather than failing the request."""
+        """MatchPrefix per executor, from every shard of the allocator group at once; the
+        executors of a shard that does not answer (down) are routed by load alone rather than
+        failing the request."""
         started = time.monotonic()
-        try:
-            response = self._allocator.MatchPrefix(
-                apb.MatchPrefixRequest(token_ids=prompt, cache_salt=cache_salt),
-                timeout=MATCH_TIMEOUT_S)
-        except grpc.RpcError as error:
-            log.warning("MatchPrefix failed after %.1f s (%s); routing by load",
-                        time.monotonic() - started, error.code().name)
-            return {}
-        return {match.executor_id: match for match in response.executors}
+        matches, failed = self._allocators.match_prefix(
+            apb.MatchPrefixRequest(token_ids=prompt, cache_salt=cache_salt), MATCH_TIMEOUT_S)
+        for shard, error in failed.items():
+            log.warning("MatchPrefix failed at allocator %s after %.1f s (%s); routing its "
+                        "executors by load", shard, time.monotonic() - started,
+                        error.code().name)
+        return matches
 
 
 def new_request_id() -> str:

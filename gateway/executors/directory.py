@@ -1,6 +1,7 @@
 """Which executors exist and what they serve, learned from the allocator and kept current.
 
-Every `refresh_s` the directory asks the allocator for its executors (ListExecutors). A new one
+Every `refresh_s` the directory asks the allocator for its executors (ListExecutors; in an
+allocator group, every shard, each for the executors it owns). A new one
 is asked for its model (GetInfo) and,
 the first time its tokenizer's digest is seen, for its tokenizer files (GetTokenizer); then a
 Session link is opened to it. An executor whose link broke, or that the allocator lists at
@@ -8,8 +9,10 @@ another address (restarted), is dropped at once. One the allocator no longer lis
 link lives (its lease lapsed: most often it was slow to renew, not dead) gets no new requests,
 but its link is kept for the requests it runs, for up to UNLISTED_GRACE_S: such an executor
 re-registers at its next call to the allocator, recomputes them on its new pool, and is routed
-to again. Executors are grouped into models by name; one whose tokenizer differs from the
-others of its name is left out, because the gateway tokenizes once per model.
+to again. A shard that does not answer says nothing about its executors: they keep their
+entries as they were (their streams pause until it is back, the others' go on). Executors are
+grouped into models by name; one whose tokenizer differs from the others of its name is left
+out, because the gateway tokenizes once per model.
 
 Readers get immutable snapshots, so routing never sees a half-updated directory.
 """
@@ -26,8 +29,7 @@ import grpc
 
 from gateway.executors.link import ExecutorLink
 from gateway.tokenizer import GatewayTokenizer
-from pagedserve.allocator.v1 import allocator_pb2 as apb
-from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
+from pagedserve.common.allocator_group import AllocatorGroup, ListedExecutor
 from pagedserve.executor.v1 import executor_pb2 as epb
 from pagedserve.executor.v1 import executor_pb2_grpc as epb_grpc
 
@@ -43,6 +45,8 @@ class ExecutorEntry:
     link: ExecutorLink
     # For calls made off the event loop (GetInfo at each metrics scrape); the link has its own.
     channel: grpc.Channel
+    # The allocator (shard) that lists it.
+    shard: str
 
     def close(self, reason: str = "the gateway closed the link") -> None:
         self.link.close(reason)
@@ -66,13 +70,14 @@ class ServedModel:
 
 
 class ExecutorDirectory:
-    def __init__(self, allocator: grpc.Channel, open_channel: Callable[[str], grpc.Channel],
+    def __init__(self, allocators: AllocatorGroup,
+                 open_channel: Callable[[str], grpc.Channel],
                  open_link_channel: Callable[[str], grpc.aio.Channel],
                  loop: asyncio.AbstractEventLoop, refresh_s: float = 1.0) -> None:
         """`open_channel` makes the channels this thread asks executors on (GetInfo,
         GetTokenizer); `open_link_channel` the grpc.aio channels of the links, which run on
         `loop`, the event loop the gateway's requests run on."""
-        self._admin = apb_grpc.AllocatorAdminStub(allocator)
+        self._allocators = allocators
         self._open_channel = open_channel
         self._open_link_channel = open_link_channel
         self._loop = loop
@@ -107,11 +112,17 @@ class ExecutorDirectory:
             self._stop.wait(self._refresh_s)
 
     def refresh(self) -> None:
-        listed = {info.executor_id: info for info in self._admin.ListExecutors(
-            apb.ListExecutorsRequest(), timeout=RPC_TIMEOUT_S).executors}
+        listed, failed = self._allocators.list_executors(RPC_TIMEOUT_S)
+        if len(failed) == len(self._allocators.shards):
+            raise next(iter(failed.values()))    # nobody answered: _run logs it, nothing changes
+        for shard, error in failed.items():
+            log.warning("cannot list the executors of allocator %s: %s %s; keeping them as "
+                        "they were", shard, error.code().name, error.details())
         now = time.monotonic()
         for executor_id, entry in list(self._entries.items()):
             current = listed.get(executor_id)
+            if current is None and entry.shard in failed and entry.link.alive:
+                continue     # its shard did not answer: nothing new is known about it
             if current is None and entry.link.alive:
                 # Dropping the link would end the requests it runs, which the executor
                 # finishes once it has re-registered (see the module docstring).
@@ -125,11 +136,12 @@ class ExecutorDirectory:
             self._unlisted.pop(executor_id, None)
             # A new epoch alone is no reason: an executor re-registers after an allocator
             # restart and its stream lives on. A restarted executor breaks its stream.
-            if current is None or not entry.link.alive or current.address != entry.link.address:
+            if current is None or not entry.link.alive or \
+                    current.info.address != entry.link.address:
                 reason = entry.link.lost or (
                     f"executor {executor_id} has not been registered with the allocator for "
                     f"{UNLISTED_GRACE_S:.0f} s (its lease lapsed)" if current is None else
-                    f"executor {executor_id} moved to {current.address}")
+                    f"executor {executor_id} moved to {current.info.address}")
                 log.info("dropping executor %s (%s)", executor_id, reason)
                 entry.close(reason)
                 del self._entries[executor_id]
@@ -141,7 +153,8 @@ class ExecutorDirectory:
         self.models = self._group()
         self.on_change(self.models)
 
-    def _connect(self, listing: apb.ExecutorInfo) -> ExecutorEntry | None:
+    def _connect(self, listed: ListedExecutor) -> ExecutorEntry | None:
+        listing = listed.info
         channel = self._open_channel(listing.address)
         stub = epb_grpc.ExecutorStub(channel)
         try:
@@ -167,7 +180,7 @@ class ExecutorDirectory:
             return None
         log.info("executor %s at %s serves %s", info.executor_id, listing.address,
                  info.model_name)
-        return ExecutorEntry(info, link, channel)
+        return ExecutorEntry(info, link, channel, listed.shard)
 
     def _group(self) -> dict[str, ServedModel]:
         models: dict[str, ServedModel] = {}

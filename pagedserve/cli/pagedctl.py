@@ -1,11 +1,17 @@
-"""pagedctl: inspect and administer a running allocator.
+"""pagedctl: inspect and administer a running allocator, or an allocator group.
 
-    pagedctl [--target HOST:PORT] [--token T] [--json] stats | executors | sequences |
-             table SEQ | blocks EXECUTOR [--png FILE] | audit | reset-prefix-cache |
-             events [--from SEQ] [--follow]
+    pagedctl [--target HOST:PORT[,HOST:PORT...]] [--token T] [--json] stats | executors |
+             sequences | table SEQ | blocks EXECUTOR [--png FILE] | audit |
+             reset-prefix-cache | events [--from SEQ] [--follow]
 
 The global options (--target, --token, --tls-ca, --timeout, --json) go before or after the
 command: `pagedctl --json stats` and `pagedctl stats --json` are the same.
+
+A --target that lists every shard of an allocator group shows the group as one allocator:
+stats, executors, sequences and audit ask every shard and merge their answers (`--per-shard`
+shows each shard's own stats or audit instead), and a command about one executor or sequence
+finds the shard that holds it. A shard that does not answer fails the command, naming it.
+`events` reads one allocator: each shard numbers its own events.
 
 Human-readable tables by default, `--json` for machines (one JSON object per line for
 events): integers are JSON numbers and block hashes hex, as the tables show them. `audit`
@@ -21,6 +27,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -29,6 +36,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.cli.tables import format_table
+from pagedserve.common.allocator_group import AllocatorGroup, merge_audits, merge_stats
+from pagedserve.common.allocator_shards import parse_allocator_group
 from pagedserve.common.client import open_channel
 from pagedserve.common.config import env_or
 
@@ -48,7 +57,8 @@ def add_global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
 
     parser.add_argument("--target",
                         default=default(env_or("PAGEDSERVE_ALLOCATOR", "127.0.0.1:50052")),
-                        help="allocator host:port (env PAGEDSERVE_ALLOCATOR)")
+                        help="allocator host:port, or host:port,host:port,... for every shard "
+                             "of an allocator group (env PAGEDSERVE_ALLOCATOR)")
     parser.add_argument("--token", default=default(env_or("PAGEDSERVE_AUTH_TOKEN", "")),
                         help="bearer token (env PAGEDSERVE_AUTH_TOKEN)")
     parser.add_argument("--tls-ca", default=default(""),
@@ -72,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = command("stats", "block usage and prefix-cache counters")
     stats.add_argument("--executor", default="", help="only this executor's pool")
+    stats.add_argument("--per-shard", action="store_true",
+                       help="each shard's own stats, one after the other")
     command("executors", "registered executors and their leases")
     sequences = command("sequences", "live sequences")
     sequences.add_argument("--executor", default="", help="only this executor's sequences")
@@ -83,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     blocks.add_argument("--png", default="",
                         help="draw the pool into this PNG file instead of listing every block "
                              "(prints a one-line summary)")
-    command("audit", "check every invariant; exit 1 on a violation")
+    audit = command("audit", "check every invariant; exit 1 on a violation")
+    audit.add_argument("--per-shard", action="store_true",
+                       help="each shard's own audit, one after the other")
     reset = command("reset-prefix-cache", "forget every cached prefix")
     reset.add_argument("--executor", default="", help="only this executor's pool")
     events = command("events", "KV events: what entered and left the caches")
@@ -111,12 +125,16 @@ def show_stats(response: pb.GetStatsResponse) -> str:
             f"\n{durability}")
 
 
-def show_executors(response: pb.ListExecutorsResponse) -> str:
+def show_executors(response: pb.ListExecutorsResponse, shards: dict[str, str] | None = None
+                   ) -> str:
+    """The executors; `shards` (executor id -> its allocator) adds a column for a group."""
+    shard_column = ["allocator"] if shards else []
     return format_table(
         ["executor", "address", "epoch", "blocks", "block size", "lease s", "waiting", "running",
-         "last step", "model"],
+         "last step", "model", *shard_column],
         [[e.executor_id, e.address, e.epoch, e.num_blocks, e.block_size, e.lease_remaining_s,
-          e.num_waiting, e.num_running, e.last_step_id, e.model_fingerprint]
+          e.num_waiting, e.num_running, e.last_step_id, e.model_fingerprint,
+          *([shards[e.executor_id]] if shards else [])]
          for e in response.executors])
 
 
@@ -179,6 +197,10 @@ def show_blocks_summary(summary: dict[str, Any]) -> str:
 
 def print_events(args: argparse.Namespace) -> int:
     """Streams events to stdout as they arrive; Ctrl-C ends a --follow cleanly."""
+    shards = parse_allocator_group(args.target)
+    if len(shards) > 1:
+        raise ValueError(f"events reads one allocator, and --target lists {len(shards)}: each "
+                         f"shard numbers its own events, so give one of {', '.join(shards)}")
     channel = open_channel(args.target, args.token, args.tls_ca)
     call = pb_grpc.AllocatorAdminStub(channel).StreamEvents(
         pb.StreamEventsRequest(from_seq=args.from_seq, follow=args.follow),
@@ -194,30 +216,100 @@ def print_events(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
-    """Calls the RPC for the command; returns its response and how to print it."""
-    channel = open_channel(args.target, args.token, args.tls_ca)
-    admin = pb_grpc.AllocatorAdminStub(channel)
+    """Calls the RPC for the command (on every shard of a group); returns the response and how
+    to print it."""
+    group = AllocatorGroup.from_text(args.target, args.token, args.tls_ca)
+    try:
+        return run_on(group, args)
+    finally:
+        group.close()
+
+
+def run_on(group: AllocatorGroup, args: argparse.Namespace
+           ) -> tuple[Any, Callable[[Any], str]]:
     timeout = args.timeout
-    if args.command == "stats":
-        return admin.GetStats(pb.GetStatsRequest(executor_id=args.executor),
-                              timeout=timeout), show_stats
-    if args.command == "executors":
-        return admin.ListExecutors(pb.ListExecutorsRequest(), timeout=timeout), show_executors
-    if args.command == "sequences":
-        return admin.ListSequences(pb.ListSequencesRequest(executor_id=args.executor),
-                                   timeout=timeout), show_sequences
-    if args.command == "table":
-        return admin.GetBlockTable(pb.GetBlockTableRequest(
-            executor_id=args.executor, seq_id=args.seq_id), timeout=timeout), show_table
-    if args.command == "blocks":
-        dump = admin.DumpBlocks(pb.DumpBlocksRequest(executor_id=args.executor_id),
-                                timeout=timeout)
-        return dump, show_blocks
-    if args.command == "audit":
-        return admin.Audit(pb.AuditRequest(), timeout=timeout), show_audit
-    response = admin.ResetPrefixCache(pb.ResetPrefixCacheRequest(executor_id=args.executor),
-                                      timeout=timeout)
+
+    def everywhere(method: str, request: Any) -> dict[str, Any]:
+        answers = group.ask(method, request, timeout)
+        group.raise_failure(answers.failures)
+        return answers.replies
+
+    def where_found(method: str, request: Any, what: str) -> Any:
+        """The answer of the one shard that knows `what` (the others say NOT_FOUND)."""
+        answers = group.ask(method, request, timeout)
+        if len(answers.replies) > 1:
+            raise ValueError(f"{what} is known to {len(answers.replies)} allocators "
+                             f"({', '.join(answers.replies)}); name its executor with --executor")
+        if answers.replies:
+            return next(iter(answers.replies.values()))
+        # Not found anywhere, unless a shard that could hold it did not answer.
+        lost = {shard: error for shard, error in answers.failures.items()
+                if error.code() != grpc.StatusCode.NOT_FOUND}
+        group.raise_failure(lost or answers.failures)
+        raise AssertionError("unreachable: no shard answered and none failed")
+
+    command = args.command
+    if command == "stats" and args.executor:
+        return where_found("GetStats", pb.GetStatsRequest(executor_id=args.executor),
+                           f"executor {args.executor}"), show_stats
+    if command == "stats":
+        replies = everywhere("GetStats", pb.GetStatsRequest())
+        if args.per_shard:
+            return PerShard(replies), lambda r: r.show(show_stats)
+        return merge_stats(list(replies.values())), show_stats
+    if command == "executors":
+        listed, failed = group.list_executors(timeout)
+        group.raise_failure(failed)
+        response = pb.ListExecutorsResponse(executors=[e.info for e in listed.values()])
+        shards = {executor_id: e.shard for executor_id, e in listed.items()}
+        return response, (lambda r: show_executors(r, shards if len(group.shards) > 1 else None))
+    if command == "sequences" and args.executor:
+        return where_found("ListSequences", pb.ListSequencesRequest(executor_id=args.executor),
+                           f"executor {args.executor}"), show_sequences
+    if command == "sequences":
+        replies = everywhere("ListSequences", pb.ListSequencesRequest())
+        return pb.ListSequencesResponse(sequences=sorted(
+            (seq for reply in replies.values() for seq in reply.sequences),
+            key=lambda seq: (seq.executor_id, seq.seq_id))), show_sequences
+    if command == "table":
+        return where_found("GetBlockTable", pb.GetBlockTableRequest(
+            executor_id=args.executor, seq_id=args.seq_id),
+            f"sequence {args.seq_id!r}"), show_table
+    if command == "blocks":
+        return where_found("DumpBlocks", pb.DumpBlocksRequest(executor_id=args.executor_id),
+                           f"executor {args.executor_id}"), show_blocks
+    if command == "audit":
+        replies = everywhere("Audit", pb.AuditRequest())
+        if args.per_shard:
+            return PerShard(replies), lambda r: r.show(show_audit)
+        return merge_audits(replies), show_audit
+    reset = pb.ResetPrefixCacheRequest(executor_id=args.executor)
+    if args.executor:
+        response = where_found("ResetPrefixCache", reset, f"executor {args.executor}")
+    else:
+        response = pb.ResetPrefixCacheResponse(num_entries_dropped=sum(
+            reply.num_entries_dropped
+            for reply in everywhere("ResetPrefixCache", reset).values()))
     return response, lambda r: f"dropped {r.num_entries_dropped} prefix-cache entries"
+
+
+@dataclass(frozen=True, slots=True)
+class PerShard:
+    """Each shard's own answer, for --per-shard."""
+    replies: dict[str, Any]
+
+    def show(self, show_one: Callable[[Any], str]) -> str:
+        return "\n\n".join(f"allocator {shard}:\n{show_one(reply)}"
+                            for shard, reply in self.replies.items())
+
+    @property
+    def violations(self) -> list[str]:
+        return [violation for reply in self.replies.values()
+                for violation in getattr(reply, "violations", ())]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"shards": {shard: message_to_dict(reply)
+                           for shard, reply in self.replies.items()}}
 
 
 def message_to_dict(message: Any) -> dict[str, Any]:
@@ -291,13 +383,17 @@ def run_command(args: argparse.Namespace) -> int:
     except grpc.RpcError as error:
         print(f"pagedctl: {error.code().name}: {error.details()}", file=sys.stderr)
         return 2
+    except ValueError as error:    # a --target that is no address list, an ambiguous name
+        print(f"pagedctl: {error}", file=sys.stderr)
+        return 2
     if args.command == "blocks" and args.png:
         from pagedserve.cli.pool_picture import draw_pool  # matplotlib only when asked
         draw_pool(response, args.png)
         summary = blocks_summary(response, args.png)
         print(json.dumps(summary) if args.json else show_blocks_summary(summary))
     elif args.json:
-        print(json.dumps(message_to_dict(response), indent=2))
+        print(json.dumps(response.as_dict() if isinstance(response, PerShard)
+                         else message_to_dict(response), indent=2))
     else:
         print(show(response))
     sys.stdout.flush()

@@ -1,16 +1,19 @@
 """Exact KV-aware routing with two executors, end to end: requests that share a long prefix
 land on the executor whose pool holds it, seen in the usage's cached_tokens and in the
-allocator's per-pool prefix-hit counters."""
+allocator's per-pool prefix-hit counters. Run with one allocator, and with an allocator group
+of two shards that each own one of the executors: the gateway asks both shards and merges, so
+routing stays exact across them."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
 from pagedserve.allocator.v1 import allocator_pb2 as apb
-from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import AllocatorProcess, ExecutorProcess, GatewayProcess
-from tests.support.allocator_wire import used_blocks
+from pagedserve.supervisor.service_process import ExecutorProcess, GatewayProcess
+from tests.support.allocator_group import Shards
 from tests.support.polling import wait_for
 
 BLOCK = 16
@@ -19,25 +22,38 @@ PREFIX_P = ("You are a careful assistant who answers in one short sentence. " * 
 PREFIX_Q = ("Document: the quick brown fox jumps over the lazy dog again. " * 4)[:10 * BLOCK]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+@dataclass
+class Stack:
+    allocators: Shards
+    stub: pb_grpc.GatewayStub
+    executor_ids: list[str]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-allocator", "two-shards"])
+def stack(request, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     env = {"PAGEDSERVE_CACHE_DIR": str(cache)}
-    with AllocatorProcess() as allocator, \
-            ExecutorProcess("--allocator", allocator.target, "--executor-id", "exec-a",
-                            "--num-blocks", "256", env=env), \
-            ExecutorProcess("--allocator", allocator.target, "--executor-id", "exec-b",
-                            "--num-blocks", "256", env=env), \
-            GatewayProcess("--allocator", allocator.target, "--refresh-s", "0.2") as gateway:
-        stub = pb_grpc.GatewayStub(gateway.channel())
-        wait_for(lambda: stub.ListModels(pb.ListModelsRequest()).models[0].num_executors == 2,
-                 timeout_s=30)
-        yield allocator, stub
+    with Shards(request.param) as allocators:
+        # With two shards, one executor on each (each registers with the shard it hashes to).
+        executor_ids = (allocators.executor_ids("exec") if request.param == 2
+                        else ["exec-a", "exec-b"])
+        with ExecutorProcess("--allocator", allocators.target, "--executor-id", executor_ids[0],
+                             "--num-blocks", "256", env=env), \
+                ExecutorProcess("--allocator", allocators.target, "--executor-id",
+                                executor_ids[1], "--num-blocks", "256", env=env), \
+                GatewayProcess("--allocator", allocators.target, "--refresh-s",
+                               "0.2") as gateway:
+            if request.param == 2:
+                assert [allocators.listed(0), allocators.listed(1)] == [[executor_ids[0]],
+                                                                        [executor_ids[1]]]
+            stub = pb_grpc.GatewayStub(gateway.channel())
+            wait_for(lambda: stub.ListModels(pb.ListModelsRequest()).models[0].num_executors
+                     == 2, timeout_s=30)
+            yield Stack(allocators, stub, executor_ids)
 
 
-def hits_per_pool(allocator) -> dict[str, int]:
-    stats = apb_grpc.AllocatorAdminStub(allocator.channel()).GetStats(apb.GetStatsRequest())
-    return {pool.executor_id: pool.prefix_hit_tokens for pool in stats.pools}
+def hits_per_pool(stack: Stack) -> dict[str, int]:
+    return {pool.executor_id: pool.prefix_hit_tokens for pool in stack.allocators.stats().pools}
 
 
 def generate(stub, text: str) -> pb.Usage:
@@ -53,48 +69,52 @@ def long_stream(stub, text: str):
     return call
 
 
-def gained_hits(allocator, before: dict[str, int]) -> dict[str, int]:
-    after = hits_per_pool(allocator)
+def gained_hits(stack: Stack, before: dict[str, int]) -> dict[str, int]:
+    after = hits_per_pool(stack)
     return {executor: hits - before.get(executor, 0) for executor, hits in after.items()
             if hits != before.get(executor, 0)}
 
 
+def serving(stack: Stack) -> set[str]:
+    """The executors that hold a live sequence now, over every shard."""
+    answers = stack.allocators.client.ask("ListSequences", apb.ListSequencesRequest(), 10.0)
+    assert not answers.failures
+    return {seq.executor_id for reply in answers.replies.values() for seq in reply.sequences}
+
+
 def test_requests_sharing_a_prefix_go_where_it_is_cached(stack):
-    allocator, stub = stack
+    stub = stack.stub
     assert generate(stub, PREFIX_P + " Question 0?").cached_tokens == 0
     # A long request sharing P's prefix follows it to its executor and keeps that one busy,
     # so Q's first request goes to the other executor on load.
-    before = hits_per_pool(allocator)
+    before = hits_per_pool(stack)
     busy = long_stream(stub, PREFIX_P + " keep this executor busy")
-    (holder_of_p,) = gained_hits(allocator, before)
+    (holder_of_p,) = gained_hits(stack, before)
     assert generate(stub, PREFIX_Q + " Question 0?").cached_tokens == 0
     busy.cancel()
-    wait_for(lambda: used_blocks(allocator) == 0)
+    wait_for(lambda: stack.allocators.used_blocks() == 0)
     # Idle again; the cached prefixes alone now decide, request by request.
     served_by: dict[str, set[str]] = {PREFIX_P: set(), PREFIX_Q: set()}
     for round_ in range(1, 4):
         for prefix in (PREFIX_P, PREFIX_Q):
-            before = hits_per_pool(allocator)
+            before = hits_per_pool(stack)
             usage = generate(stub, f"{prefix} Question {round_} differs?")
             assert usage.cached_tokens == len(prefix), "the whole shared prefix was cached"
-            gained = gained_hits(allocator, before)
+            gained = gained_hits(stack, before)
             assert list(gained.values()) == [len(prefix)]
             served_by[prefix] |= set(gained)
     assert served_by[PREFIX_P] == {holder_of_p}
-    assert served_by[PREFIX_Q] == {"exec-a", "exec-b"} - {holder_of_p}
-    wait_for(lambda: used_blocks(allocator) == 0)
+    assert served_by[PREFIX_Q] == set(stack.executor_ids) - {holder_of_p}
+    wait_for(lambda: stack.allocators.used_blocks() == 0)
 
 
 def test_an_unrelated_prompt_goes_to_the_less_loaded_executor(stack):
-    allocator, stub = stack
-    admin = apb_grpc.AllocatorAdminStub(allocator.channel())
+    stub = stack.stub
     first = long_stream(stub, "busy " * 10)
-    (busy,) = {seq.executor_id for seq in admin.ListSequences(
-        apb.ListSequencesRequest()).sequences}
+    (busy,) = serving(stack)
     second = long_stream(stub, "a fresh topic entirely")
-    serving = {seq.executor_id for seq in admin.ListSequences(
-        apb.ListSequencesRequest()).sequences}
+    both = serving(stack)
     first.cancel()
     second.cancel()
-    assert serving == {"exec-a", "exec-b"}, f"both went to {busy}"
-    wait_for(lambda: used_blocks(allocator) == 0)
+    assert both == set(stack.executor_ids), f"both went to {busy}"
+    wait_for(lambda: stack.allocators.used_blocks() == 0)

@@ -1,0 +1,71 @@
+"""Allocator groups for the tests: S real allocator processes on free loopback ports, seen
+through the same AllocatorGroup client the gateway and pagedctl use."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.common.allocator_group import AllocatorGroup, merge_stats
+from pagedserve.common.allocator_shards import shard_of
+from pagedserve.supervisor.service_process import AllocatorProcess
+
+
+class Shards:
+    """S allocators started together; `shard_args[k]` are shard k's own flags (e.g. its Redis
+    namespace). Stopped by stop() or `with`."""
+
+    def __init__(self, count: int, *common_args: str,
+                 shard_args: Sequence[Sequence[str]] = ()) -> None:
+        self.processes: list[AllocatorProcess] = []
+        try:
+            for index in range(count):
+                own = shard_args[index] if index < len(shard_args) else ()
+                self.processes.append(AllocatorProcess(*common_args, *own))
+        except BaseException:
+            self.stop()
+            raise
+        self.addresses = [process.target for process in self.processes]
+        self.client = AllocatorGroup(self.addresses)
+
+    @property
+    def target(self) -> str:
+        """What --allocator and pagedctl --target take for this group."""
+        return ",".join(self.addresses)
+
+    def executor_ids(self, prefix: str) -> list[str]:
+        """One executor id per shard, in shard order, each one that shard owns: the first
+        `prefix-N` that hashes there (the ports, and so the owners, change every run)."""
+        ids: list[str] = []
+        for address in self.addresses:
+            ids.append(next(candidate for candidate in (f"{prefix}-{n}" for n in itertools.count())
+                            if shard_of(candidate, self.addresses) == address))
+        return ids
+
+    def stats(self) -> pb.GetStatsResponse:
+        answers = self.client.ask("GetStats", pb.GetStatsRequest(), 10.0)
+        self.client.raise_failure(answers.failures)
+        return merge_stats(list(answers.replies.values()))
+
+    def used_blocks(self) -> int:
+        return self.stats().total.num_used_blocks
+
+    def listed(self, index: int) -> list[str]:
+        """The executor ids shard `index` lists."""
+        answers = self.client.ask("ListExecutors", pb.ListExecutorsRequest(), 10.0,
+                                  shards=[self.addresses[index]])
+        self.client.raise_failure(answers.failures)
+        (reply,) = answers.replies.values()
+        return [executor.executor_id for executor in reply.executors]
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        if hasattr(self, "client"):
+            self.client.close()
+
+    def __enter__(self) -> Shards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
