@@ -45,7 +45,8 @@ class Stack:
             "--executor-args", shlex.join(executor_args)])
         self._executor_startup_timeout_s = executor_startup_timeout_s
         self._args = args
-        self.allocator = quiet(up.allocator_service(args))
+        [allocator] = up.allocator_services(args)
+        self.allocator = quiet(allocator)
         self.executor: SupervisedProcess | None = None
         self.gateway: SupervisedProcess | None = None
 

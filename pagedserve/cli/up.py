@@ -10,6 +10,9 @@ through the gateway, and `pagedctl stats` shows the pools.
 Ports: gateway gRPC 50051, allocator 50052, executor i 50053 + i, HTTP 8000. `--base-port B`
 moves the whole stack: gateway gRPC B, allocator B + 1, executor i B + 2 + i, HTTP B + 100;
 --port, --allocator-port, --executor-port and --http-port move one service.
+`--allocator-shards S` starts an allocator group of S allocators: the first on the allocator
+port, the others on free ports, each with its own Redis namespace when --state-url is given;
+every executor registers with the shard its id hashes to.
 
 The services run in sessions of their own, so a Ctrl-C in the terminal reaches only `up`, which
 shuts down in the reverse order: the gateway drains its streams, the executors finish or cancel
@@ -47,6 +50,8 @@ HOST = "127.0.0.1"
 DEFAULT_PORTS = {"port": 50051, "allocator_port": 50052, "executor_port": 50053,
                  "http_port": 8000}
 BASE_OFFSETS = {"port": 0, "allocator_port": 1, "executor_port": 2, "http_port": 100}
+# The allocator's own default (allocator_service/server/config.py); shards add a suffix.
+DEFAULT_STATE_NAMESPACE = "pagedserve:allocator"
 BASE_PORT_HINT = ("--base-port N moves the whole stack (gateway N, allocator N+1, executors "
                   "N+2.., HTTP N+100; `make run PORT=N` passes it)")
 
@@ -55,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedserve up", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[2])
     parser.add_argument("--executors", type=int, default=1, help="executors to start")
+    parser.add_argument("--allocator-shards", type=int, default=1,
+                        help="allocators in the allocator group: each owns the pools of the "
+                             "executors whose ids hash to it (default 1)")
     parser.add_argument("--model", default="",
                         help="checkpoint directory every executor serves (default: the "
                              "embedded model)")
@@ -132,17 +140,28 @@ def port_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def allocator_service(args: argparse.Namespace, own_session: bool = False
-                      ) -> SupervisedProcess:
-    return SupervisedProcess("allocator", [
-        sys.executable, "-m", "allocator_service", "--port", str(args.allocator_port),
-        *_token(args), *(["--state-url", args.state_url] if args.state_url else [])],
-        ready_prefix="allocator listening on ", echo=True, own_session=own_session)
+def allocator_services(args: argparse.Namespace, own_session: bool = False
+                       ) -> list[SupervisedProcess]:
+    """The allocator group: shard 0 on the allocator port with the default Redis namespace (a
+    single allocator is exactly today's), shard k on a free port with a namespace of its own."""
+    allocators = []
+    for index in range(args.allocator_shards):
+        durable = ["--state-url", args.state_url] if args.state_url else []
+        if durable and index:
+            durable += ["--state-namespace", f"{DEFAULT_STATE_NAMESPACE}:shard-{index}"]
+        allocators.append(SupervisedProcess(
+            "allocator" if args.allocator_shards == 1 else f"allocator-{index}", [
+                sys.executable, "-m", "allocator_service",
+                "--port", str(args.allocator_port if index == 0 else 0),
+                *_token(args), *durable],
+            ready_prefix="allocator listening on ", echo=True, own_session=own_session))
+    return allocators
 
 
 def executor_services(args: argparse.Namespace, allocator: str, own_session: bool = False
                       ) -> list[SupervisedProcess]:
-    """The executors, for the allocator at `allocator` (HOST:PORT, known once it listens)."""
+    """The executors, for the allocator at `allocator` (HOST:PORT, or the group's
+    HOST:PORT,HOST:PORT,..., known once it listens)."""
     devices = [device for device in args.devices.split(",") if device]
     executors = []
     for index in range(args.executors):
@@ -209,14 +228,15 @@ def console_command(name: str) -> str:
         return shlex.quote(str(script))
 
 
-def announce(allocator: SupervisedProcess, executors: Sequence[SupervisedProcess],
+def announce(allocator_group: str, executors: Sequence[SupervisedProcess],
              gateway: SupervisedProcess) -> None:
+    what = "allocators" if "," in allocator_group else "allocator "
     print(f"\npagedserve is up:\n"
           f"  gateway    {gateway.address} (gRPC)   {gateway.http_url}/v1 (OpenAI HTTP)\n"
           f"  executors  {', '.join(e.address for e in executors)}\n"
-          f"  allocator  {allocator.address}\n\n"
+          f"  {what} {allocator_group}\n\n"
           f"  {console_command('pagedserve')} generate \"Hello\" --target {gateway.address}\n"
-          f"  {console_command('pagedctl')} --target {allocator.address} stats\n", flush=True)
+          f"  {console_command('pagedctl')} --target {allocator_group} stats\n", flush=True)
 
 
 def demo(gateway: SupervisedProcess, prompt: str, api_key: str) -> None:
@@ -238,15 +258,17 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def up(argv: Sequence[str]) -> int:
     args = parse_args(argv)
-    if args.executors < 1:
-        print("pagedserve up: --executors must be at least 1", file=sys.stderr)
-        return 2
+    for name in ("executors", "allocator_shards"):
+        if getattr(args, name) < 1:
+            print(f"pagedserve up: --{name.replace('_', '-')} must be at least 1",
+                  file=sys.stderr)
+            return 2
     problems = port_problems(args)
     if problems:
         print("pagedserve up: nothing started:\n" + "\n".join(f"  {p}" for p in problems)
               + f"\n  {BASE_PORT_HINT}", file=sys.stderr)
         return 1
-    allocator = allocator_service(args, own_session=True)
+    allocators = allocator_services(args, own_session=True)
     executors: list[SupervisedProcess] = []
     gateway: SupervisedProcess | None = None
     # The services are in their own sessions, so Ctrl-C (and SIGTERM) reach only us: both
@@ -254,24 +276,25 @@ def up(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        allocator.start()
-        allocator.wait_ready()
-        executors = executor_services(args, allocator.address, own_session=True)
+        start_in_parallel(allocators)
+        # Every executor and the gateway get the same list: it decides which shard owns what.
+        allocator_group = ",".join(allocator.address for allocator in allocators)
+        executors = executor_services(args, allocator_group, own_session=True)
         start_in_parallel(executors)
-        gateway = gateway_service(args, allocator.address, own_session=True)
+        gateway = gateway_service(args, allocator_group, own_session=True)
         gateway.start()
         gateway.wait_ready()
-        announce(allocator, executors, gateway)
+        announce(allocator_group, executors, gateway)
         if args.demo:
             demo(gateway, args.demo, args.api_key[0] if args.api_key else "")
             if not args.model:
                 print(EMBEDDED_NOTE + "\n", flush=True)
-        pagedctl.main(["--target", allocator.address, "--token", args.auth_token, "stats"])
+        pagedctl.main(["--target", allocator_group, "--token", args.auth_token, "stats"])
         if not args.exit_when_ready:
             print("\nserving; Ctrl-C stops everything", flush=True)
         while not args.exit_when_ready:
             time.sleep(0.5)
-            for child in (allocator, *executors, gateway):
+            for child in (*allocators, *executors, gateway):
                 if child.exited:
                     raise child.failure("exited unexpectedly")
         return 0
@@ -288,17 +311,18 @@ def up(argv: Sequence[str]) -> int:
         # A second Ctrl-C must not cut the orderly shutdown short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        shut_down(allocator, executors, gateway)
+        shut_down(allocators, executors, gateway)
 
 
-def shut_down(allocator: SupervisedProcess, executors: Sequence[SupervisedProcess],
+def shut_down(allocators: Sequence[SupervisedProcess], executors: Sequence[SupervisedProcess],
               gateway: SupervisedProcess | None) -> None:
-    """Gateway first (it drains), then the executors together, the allocator last."""
-    print("\nshutting down: gateway, executors, allocator", flush=True)
+    """Gateway first (it drains), then the executors together, the allocators last."""
+    print("\nshutting down: gateway, executors, allocator" + "s" * (len(allocators) > 1),
+          flush=True)
     if gateway is not None:
         gateway.stop()
-    for executor in executors:
-        executor.request_stop()
-    for executor in executors:
-        executor.stop()
-    allocator.stop()
+    for group in (executors, allocators):
+        for child in group:
+            child.request_stop()
+        for child in group:
+            child.stop()

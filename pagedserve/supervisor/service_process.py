@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from pagedserve.supervisor.supervised import ServiceStartError, SupervisedProcess
 
@@ -113,9 +114,21 @@ class GatewayProcess(ServiceProcess):
                          stderr_lines=stderr_lines, wait_serving=wait_serving, tls_ca=tls_ca)
 
 
-def pagedctl_audit(allocator: AllocatorProcess, token: str = ""
+class AllocatorTarget(Protocol):
+    """What pagedctl needs to reach an allocator, or an allocator group."""
+
+    @property
+    def target(self) -> str:
+        """HOST:PORT, or HOST:PORT,HOST:PORT,... for a group."""
+
+    @property
+    def tls_ca(self) -> str:
+        """The CA that verifies its TLS; empty for plaintext."""
+
+
+def pagedctl_audit(allocator: AllocatorTarget, token: str = ""
                    ) -> subprocess.CompletedProcess[str]:
-    """`pagedctl audit` against this allocator, as an operator runs it."""
+    """`pagedctl audit` against this allocator (or group), as an operator runs it."""
     return subprocess.run([sys.executable, "-m", "pagedserve.cli.pagedctl", "--target",
                            allocator.target, "--token", token, "--tls-ca", allocator.tls_ca,
                            "audit"], capture_output=True,

@@ -33,7 +33,7 @@ class Stack:
 def stack(request, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     env = {"PAGEDSERVE_CACHE_DIR": str(cache)}
-    with Shards(request.param) as allocators:
+    with Shards.start(request.param) as allocators:
         # With two shards, one executor on each (each registers with the shard it hashes to).
         executor_ids = (allocators.executor_ids("exec") if request.param == 2
                         else ["exec-a", "exec-b"])

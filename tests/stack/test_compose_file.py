@@ -74,14 +74,66 @@ def test_services_wait_for_what_they_depend_on_to_be_healthy(services):
     assert services["gateway"]["depends_on"]["executor-cpu"]["required"] is False
 
 
+ALLOCATOR_VARIABLES = {"executor-gpu0": "PAGEDSERVE_EXECUTOR_ALLOCATOR",
+                       "executor-cpu": "PAGEDSERVE_EXECUTOR_ALLOCATOR",
+                       "gateway": "PAGEDSERVE_GATEWAY_ALLOCATOR"}
+
+
 def test_addresses_between_services_match_their_ports(services):
     _, allocator = module_and_args(services["allocator"]["command"])
     allocator_address = f"allocator:{flag_value(allocator, '--port')}"
-    for name in ("executor-gpu0", "executor-cpu", "gateway"):
+    for name, variable in ALLOCATOR_VARIABLES.items():
+        # In the environment only, where docker-compose.shards.yml replaces it with the group.
         _, args = module_and_args(services[name]["command"])
-        assert flag_value(args, "--allocator") == allocator_address, name
+        assert flag_value(args, "--allocator") is None, name
+        assert services[name]["environment"][variable] == allocator_address, name
     state_url = flag_value(allocator, "--state-url")
     assert state_url.startswith("redis://redis:6379/")
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    return load_compose(shards=True)["services"]
+
+
+def shard_names(services) -> list[str]:
+    return [name for name, service in services.items()
+            if service.get("command", [None] * 3)[2] == "allocator_service"]
+
+
+def test_the_shards_file_adds_allocators_each_with_its_own_namespace(sharded):
+    names = shard_names(sharded)
+    assert names == ["allocator", "allocator-1", "allocator-2", "allocator-3"]
+    namespaces, state_urls = [], set()
+    for name in names:
+        module, args = module_and_args(sharded[name]["command"])
+        parsed = PARSERS[module]().parse_args(args)
+        assert parsed.host == "0.0.0.0", name
+        health = health_parser().parse_args(sharded[name]["healthcheck"]["test"][3:])
+        assert health.target == f"127.0.0.1:{parsed.port}", name
+        assert sharded[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert sharded[name]["image"] == "pagedserve:latest", "the image the base file builds"
+        assert sharded[name]["restart"] == "unless-stopped"
+        namespaces.append(parsed.state_namespace)
+        state_urls.add(parsed.state_url)
+    assert len(set(namespaces)) == len(names), f"shards share a namespace: {namespaces}"
+    assert namespaces[0] == "pagedserve:allocator", "shard 0 keeps a single allocator's state"
+    assert state_urls == {"redis://redis:6379/0"}
+
+
+def test_every_executor_and_the_gateway_list_every_shard_and_wait_for_it(sharded):
+    shards = []
+    for name in shard_names(sharded):
+        _, args = module_and_args(sharded[name]["command"])
+        shards.append(f"{name}:{flag_value(args, '--port')}")
+    for name, variable in ALLOCATOR_VARIABLES.items():
+        assert sharded[name]["environment"][variable] == ",".join(shards), name
+        depends = sharded[name]["depends_on"]
+        assert {shard.split(":")[0] for shard in shards} <= set(depends), name
+        assert all(depends[shard.split(":")[0]]["condition"] == "service_healthy"
+                   for shard in shards)
+        assert "PAGEDSERVE_AUTH_TOKEN" in sharded[name]["environment"], "base entries kept"
+    assert sharded["executor-cpu"]["profiles"] == ["cpu"], "the base file's profile kept"
 
 
 def test_the_gateway_publishes_its_grpc_and_http_ports(services):
@@ -165,12 +217,15 @@ def test_the_cpu_profile_runs_the_same_stack_without_gpus():
     assert "COMPOSE_PROFILES=gpu" in (REPO / ".env").read_text().splitlines()
 
 
-@pytest.mark.parametrize("name", OURS)
-def test_every_environment_variable_set_is_one_the_service_reads(services, name):
-    module, _ = module_and_args(services[name]["command"])
-    help_text = " ".join(action.help or "" for action in PARSERS[module]()._actions)
-    known = set(re.findall(r"\(env (PAGEDSERVE_\w+)", help_text)) | EXTRA_VARIABLES
-    assert set(services[name]["environment"]) <= known
+@pytest.mark.parametrize("shards", [False, True], ids=["base", "with-shards"])
+def test_every_environment_variable_set_is_one_the_service_reads(shards):
+    for name, service in load_compose(shards=shards)["services"].items():
+        if name == "redis":
+            continue
+        module, _ = module_and_args(service["command"])
+        help_text = " ".join(action.help or "" for action in PARSERS[module]()._actions)
+        known = set(re.findall(r"\(env (PAGEDSERVE_\w+)", help_text)) | EXTRA_VARIABLES
+        assert set(service["environment"]) <= known, name
 
 
 def test_every_image_is_built_by_a_dockerfile_that_exists():

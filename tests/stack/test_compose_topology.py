@@ -1,18 +1,17 @@
 """The topology docker-compose.yml describes (cpu profile, two executor replicas), run as local
 processes from the compose file's own commands and environment, with a real Redis, and streamed
-through: what `docker compose up` would start, minus Docker."""
+through: what `docker compose up` would start, minus Docker. Also with docker-compose.shards.yml
+laid over it: an allocator group of four shards."""
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from pagedserve.allocator.v1 import allocator_pb2 as apb
-from pagedserve.allocator.v1 import allocator_pb2_grpc as apb_grpc
 from pagedserve.gateway_client import GatewayClient
 from pagedserve.supervisor.redis_server import RedisProcess
 from pagedserve.supervisor.service_process import (AllocatorProcess, ExecutorProcess,
                                                    GatewayProcess, pagedctl_audit)
-from tests.support.allocator_wire import used_blocks
+from tests.support.allocator_group import Shards
 from tests.support.compose_file import active_services, load_compose
 from tests.support.polling import wait_for
 
@@ -46,17 +45,25 @@ def local_args(command: list[str], addresses: dict[str, str]) -> list[str]:
     return out
 
 
-@pytest.fixture
-def stack(redis_server: RedisProcess, tmp_path):
+def local_value(value: str, addresses: dict[str, str]) -> str:
+    """An environment value with other services' host names replaced by local addresses."""
+    for host, address in addresses.items():
+        value = value.replace(host, address)
+    return value
+
+
+@pytest.fixture(params=[False, True], ids=["one-allocator", "four-shards"])
+def stack(request, redis_server: RedisProcess, tmp_path):
     env = {"PAGEDSERVE_AUTH_TOKEN": TOKEN, "PAGEDSERVE_API_KEYS": KEY}
-    services = active_services(load_compose(env), "cpu")
+    services = active_services(load_compose(env, shards=request.param), "cpu")
     redis_address = redis_server.url.split("//")[1].split("/")[0]
     cache = str(tmp_path / "cache")
     started = []
 
     def start(name: str, addresses: dict[str, str]):
         service = services[name]
-        environment = {key: str(value) for key, value in service["environment"].items()}
+        environment = {key: local_value(str(value), addresses)
+                       for key, value in service["environment"].items()}
         process = PROCESSES[service["command"][2]](
             *local_args(service["command"], addresses),
             env={**environment, "PAGEDSERVE_CACHE_DIR": cache})
@@ -64,20 +71,21 @@ def stack(redis_server: RedisProcess, tmp_path):
         return process
 
     try:
-        allocator = start("allocator", {"redis:6379": redis_address})
-        addresses = {"allocator:50052": allocator.target}
+        allocators = [start(name, {"redis:6379": redis_address}) for name in services
+                      if name.startswith("allocator")]
+        addresses = {f"{name}:50052": allocator.target for name, allocator in zip(
+            [name for name in services if name.startswith("allocator")], allocators)}
         executors = [start("executor-cpu", addresses) for _ in range(2)]   # --scale 2
         gateway = start("gateway", addresses)
-        yield allocator, executors, gateway
+        yield Shards(allocators, TOKEN), executors, gateway
     finally:
         for process in reversed(started):
             process.stop()
 
 
 def test_the_compose_topology_serves_streams_over_grpc_and_http(stack, redis_server):
-    allocator, executors, gateway = stack
-    admin = apb_grpc.AllocatorAdminStub(allocator.channel(token=TOKEN))
-    stats = admin.GetStats(apb.GetStatsRequest())
+    allocators, executors, gateway = stack
+    stats = allocators.stats()
     assert stats.state_store.startswith("redis://"), "durable, as compose configures it"
     assert len(stats.pools) == 2, "both replicas registered"
     with GatewayClient(gateway.target, api_key=KEY, timeout_s=120) as client:
@@ -92,6 +100,6 @@ def test_the_compose_topology_serves_streams_over_grpc_and_http(stack, redis_ser
                                 "ignore_eos": True})
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == "".join(d.text for d in deltas)
-    wait_for(lambda: used_blocks(allocator, TOKEN) == 0)
-    audit = pagedctl_audit(allocator, TOKEN)
+    wait_for(lambda: allocators.used_blocks() == 0)
+    audit = pagedctl_audit(allocators, TOKEN)
     assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout

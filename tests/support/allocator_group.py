@@ -1,5 +1,5 @@
-"""Allocator groups for the tests: S real allocator processes on free loopback ports, seen
-through the same AllocatorGroup client the gateway and pagedctl use."""
+"""Allocator groups for the tests: real allocator processes on free loopback ports, seen through
+the same AllocatorGroup client the gateway and pagedctl use."""
 from __future__ import annotations
 
 import itertools
@@ -12,21 +12,29 @@ from pagedserve.supervisor.service_process import AllocatorProcess
 
 
 class Shards:
-    """S allocators started together; `shard_args[k]` are shard k's own flags (e.g. its Redis
-    namespace). Stopped by stop() or `with`."""
+    """An allocator group of running allocators, in shard order; `with` stops them."""
 
-    def __init__(self, count: int, *common_args: str,
-                 shard_args: Sequence[Sequence[str]] = ()) -> None:
-        self.processes: list[AllocatorProcess] = []
+    def __init__(self, processes: Sequence[AllocatorProcess], token: str = "") -> None:
+        self.processes = list(processes)
+        self.addresses = [process.target for process in self.processes]
+        self.tls_ca = ""
+        self.client = AllocatorGroup(self.addresses, token)
+
+    @classmethod
+    def start(cls, count: int, *common_args: str,
+              shard_args: Sequence[Sequence[str]] = ()) -> Shards:
+        """`count` allocators started together; `shard_args[k]` are shard k's own flags (e.g.
+        its Redis namespace)."""
+        processes: list[AllocatorProcess] = []
         try:
             for index in range(count):
                 own = shard_args[index] if index < len(shard_args) else ()
-                self.processes.append(AllocatorProcess(*common_args, *own))
+                processes.append(AllocatorProcess(*common_args, *own))
         except BaseException:
-            self.stop()
+            for process in processes:
+                process.stop()
             raise
-        self.addresses = [process.target for process in self.processes]
-        self.client = AllocatorGroup(self.addresses)
+        return cls(processes)
 
     @property
     def target(self) -> str:
@@ -61,8 +69,7 @@ class Shards:
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop()
-        if hasattr(self, "client"):
-            self.client.close()
+        self.client.close()
 
     def __enter__(self) -> Shards:
         return self
