@@ -6,7 +6,9 @@
 For each iteration time, a few simulated executors record their Step streams live; then, for
 each N of the sweep, a fresh allocator (in memory, then durable on Redis, the order alternating
 from one N to the next) serves N replayed executors. A store's sweep stops at its first
-saturated point. Writes `## Fleet` of docs/benchmarks.md and docs/img/fleet_bench.png.
+saturated point. At the first iteration time, an allocator group (--group-shards shards, in
+memory) then serves --group-executors replayed executors, each registered with the shard its id
+hashes to. Writes `## Fleet` of docs/benchmarks.md and docs/img/fleet_bench.png.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from tqdm import tqdm
 
 from bench.fleet.capacity import STORES, Timing, record, replay_point
 from bench.fleet.plot import write_plot
-from bench.fleet.report import FleetResults, Point, Recording, section_body, summary_rows
+from bench.fleet.report import (FleetResults, Point, Recording, group_rows, section_body,
+                                summary_rows)
 from bench.fleet.workload import FleetWorkload
 from bench.report import (add_output_flags, command_line, image_link, machine_description,
                           output_paths, replace_section, text_table, today)
@@ -64,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also record at this interval and replay it beside the other at "
                              "one N, in memory (0: no comparison)")
     parser.add_argument("--baseline-executors", type=int, default=8)
+    parser.add_argument("--group-shards", type=int, default=4,
+                        help="shards of the allocator group replayed at the first iteration "
+                             "time (0: none)")
+    parser.add_argument("--group-executors", type=int, default=32,
+                        help="executors replayed against the allocator group")
     add_output_flags(parser)
     args = parser.parse_args(argv)
     timing = QUICK if args.quick else Timing()
@@ -84,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch:
         work = Path(scratch)
         compare = args.baseline_interval > 0
-        total = len(iterations) * (1 + len(sweep) * len(stores) + (3 if compare else 0))
+        group = args.group_shards > 0
+        total = len(iterations) * (1 + len(sweep) * len(stores) + (3 if compare else 0)) + group
         with tqdm(total=total, unit="run", file=sys.stderr) as progress:
             for it in iterations:
                 progress.set_description(f"{it:g} ms: recording {args.recorders} executors")
@@ -104,9 +113,16 @@ def main(argv: list[str] | None = None) -> int:
                             if point.saturated:
                                 saturated.add(store)
                         progress.update(1)
+                if group and it == iterations[0]:
+                    progress.set_description(f"{it:g} ms: {args.group_executors} executors, "
+                                             f"{args.group_shards} shards")
+                    results.group_points.append(Point(it, "memory", replay_point(
+                        streams, args.group_executors, "memory", timing, work, seed=77,
+                        shards=args.group_shards)))
+                    progress.update(1)
                 if compare:
                     compare_intervals(results, it, streams, args, timing, work, progress)
-    print(text_table(summary_rows(results)))
+    print(text_table(summary_rows(results) + group_rows(results)))
     if out_png is not None:
         write_plot(results, out_png)
         print(f"plot: {out_png}")

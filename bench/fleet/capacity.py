@@ -59,19 +59,24 @@ def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
 
 
 def replay_point(streams: list[Path], executors: int, store: str, timing: Timing,
-                 work_dir: Path, seed: int = 0) -> ReplayResult:
-    """One replay of `executors` executors against a fresh allocator with `store`."""
-    result_path = work_dir / f"replay-{streams[0].stem}-{store}-{executors}.json"
+                 work_dir: Path, seed: int = 0, shards: int = 1) -> ReplayResult:
+    """One replay of `executors` executors against a fresh allocator with `store`, or a fresh
+    allocator group of `shards` (durable ones share one Redis, a namespace each)."""
+    result_path = work_dir / f"replay-{streams[0].stem}-{store}-{executors}-s{shards}.json"
     with ExitStack() as stack:
         args = ["--lease-ttl", LEASE_TTL]
         if store == "redis":
             redis_server = stack.enter_context(RedisProcess(
-                work_dir / f"redis-{executors}", appendfsync="everysec"))
+                work_dir / f"redis-{executors}-s{shards}", appendfsync="everysec"))
             args += ["--state-url", redis_server.url, "--snapshot-every", NO_SNAPSHOTS]
-        allocator = stack.enter_context(AllocatorProcess(*args))
+        allocators = [stack.enter_context(AllocatorProcess(
+            *args, *(["--state-namespace", f"fleet:shard-{index}"] if store == "redis" else [])))
+            for index in range(shards)]
         subprocess.run(
-            [sys.executable, "-m", "bench.fleet.replay", "--target", allocator.target,
-             "--executors", str(executors), "--allocator-pid", str(allocator.process.pid),
+            [sys.executable, "-m", "bench.fleet.replay",
+             "--target", ",".join(allocator.target for allocator in allocators),
+             "--executors", str(executors),
+             "--allocator-pid", ",".join(str(a.process.pid) for a in allocators),
              "--warmup-s", str(timing.warmup_s), "--measure-s", str(timing.measure_s),
              "--spread-s", str(timing.spread_s), "--seed", str(seed), "--out", str(result_path),
              *map(str, streams)], check=True)

@@ -13,6 +13,11 @@ it was in flight) and its answer took longer than the rest of that forward pass.
 stalls count only inside the measured window (after `warmup_s`, when every executor has started
 and filled its batch); so does the allocator's CPU time, read from /proc.
 
+An allocator group is replayed the same way: `--target` lists its shards and
+`--allocator-pid` their processes, and executor `replay-k` registers with the shard its id
+hashes to, as a real executor does (pagedserve/common/allocator_shards.py). Each shard's CPU
+time is kept apart.
+
     python -m bench.fleet.replay --target HOST:PORT --allocator-pid PID --executors 32 \\
         --out result.json sim-0.stream sim-1.stream
 """
@@ -25,6 +30,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +39,7 @@ import grpc
 from bench.fleet.step_stream import StepStream, step_body
 from bench.serve.stack import cpu_seconds
 from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.common.allocator_shards import parse_allocator_group, shard_of
 
 STEP_METHOD = "/pagedserve.allocator.v1.Allocator/Step"
 REGISTER_METHOD = "/pagedserve.allocator.v1.Allocator/RegisterExecutor"
@@ -55,6 +62,9 @@ class ReplayResult:
     # Seconds the executors would have waited on Steps their forward pass needed first.
     blocking_wait_s: float = 0.0
     allocator_cpu_s: float | None = None
+    # Per shard of an allocator group, in --target order: its CPU seconds and its executors.
+    shard_cpu_s: list[float] = field(default_factory=list)
+    shard_executors: list[int] = field(default_factory=list)
     driver_cpu_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
 
@@ -101,29 +111,39 @@ async def play(channel: grpc.aio.Channel, stream: StepStream, executor_id: str, 
         result.behind += sent - due > stream.iteration_s
 
 
-async def replay(target: str, streams: list[StepStream], executors: int, *, warmup_s: float,
-                 measure_s: float, spread_s: float, allocator_pid: int | None,
-                 seed: int = 0) -> ReplayResult:
+async def replay(shards: Sequence[str], streams: list[StepStream], executors: int, *,
+                 warmup_s: float, measure_s: float, spread_s: float,
+                 allocator_pids: Sequence[int] = (), seed: int = 0) -> ReplayResult:
+    """`shards`: the allocator, or every shard of a group; `allocator_pids`: their processes,
+    in the same order (none: no CPU figures)."""
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     now = loop.time()
     window = Window(now + warmup_s, now + warmup_s + measure_s)
     result = ReplayResult(executors, measure_s)
-    # A few channels: one HTTP/2 connection would serialize every stream's frames.
-    channels = [grpc.aio.insecure_channel(target) for _ in range(min(8, executors))]
-    tasks = [play(channels[k % len(channels)], streams[k % len(streams)], f"replay-{k}",
-                  now + rng.uniform(0, spread_s), window, result) for k in range(executors)]
+    ids = [f"replay-{k}" for k in range(executors)]
+    owners = [shards.index(shard_of(executor_id, shards)) for executor_id in ids]
+    result.shard_executors = [owners.count(index) for index in range(len(shards))]
+    # A few channels per shard: one HTTP/2 connection would serialize every stream's frames.
+    channels = [[grpc.aio.insecure_channel(shard) for _ in range(max(1, min(8, count)))]
+                for shard, count in zip(shards, result.shard_executors)]
+    tasks = [play(channels[owner][k % len(channels[owner])], streams[k % len(streams)],
+                  ids[k], now + rng.uniform(0, spread_s), window, result)
+             for k, owner in enumerate(owners)]
     gathered = asyncio.gather(*tasks)
     await sleep_until(window.start)
-    allocator_start = cpu_seconds(allocator_pid) if allocator_pid else None
+    allocator_start = [cpu_seconds(pid) for pid in allocator_pids]
     driver_start = time.process_time()
     await sleep_until(window.end)
-    if allocator_start is not None:
-        result.allocator_cpu_s = cpu_seconds(allocator_pid) - allocator_start
+    if allocator_pids:
+        result.shard_cpu_s = [cpu_seconds(pid) - start
+                              for pid, start in zip(allocator_pids, allocator_start)]
+        result.allocator_cpu_s = sum(result.shard_cpu_s)
     result.driver_cpu_s = time.process_time() - driver_start
     await gathered
-    for channel in channels:
-        await channel.close()
+    for shard_channels in channels:
+        for channel in shard_channels:
+            await channel.close()
     return result
 
 
@@ -134,9 +154,12 @@ async def sleep_until(moment: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("streams", nargs="+", type=Path)
-    parser.add_argument("--target", required=True)
+    parser.add_argument("--target", required=True,
+                        help="the allocator's HOST:PORT, or a group's, comma-separated")
     parser.add_argument("--executors", type=int, required=True)
-    parser.add_argument("--allocator-pid", type=int)
+    parser.add_argument("--allocator-pid", default="",
+                        help="the allocator's process id (a group's, comma-separated, in "
+                             "--target order) for its CPU time")
     parser.add_argument("--warmup-s", type=float, default=8.0)
     parser.add_argument("--measure-s", type=float, default=20.0)
     parser.add_argument("--spread-s", type=float, default=3.0)
@@ -147,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     # The recorded streams are a few hundred thousand long-lived objects: without this, the
     # driver's own full collections pause its event loop and show up as late answers.
     gc.freeze()
-    result = asyncio.run(replay(args.target, streams, args.executors, warmup_s=args.warmup_s,
-                                measure_s=args.measure_s, spread_s=args.spread_s,
-                                allocator_pid=args.allocator_pid, seed=args.seed))
+    result = asyncio.run(replay(
+        parse_allocator_group(args.target), streams, args.executors, warmup_s=args.warmup_s,
+        measure_s=args.measure_s, spread_s=args.spread_s,
+        allocator_pids=[int(pid) for pid in args.allocator_pid.split(",") if pid],
+        seed=args.seed))
     args.out.write_text(json.dumps(asdict(result)))
     return 0
 

@@ -13,6 +13,8 @@ from bench.report import Row, markdown_table, percentile
 TARGET_EXECUTORS = {20.0: 128, 5.0: 32}
 REDIS_SHARE = 0.7
 TARGET_P99_MS = 5.0
+# An allocator group of 4 shards must hold at least 3.5 times one allocator's executors.
+TARGET_GROUP = {4: 3.5}
 # A point whose stalls exceed this share of its Steps is saturated: the sweep stops there.
 SATURATED_STALL_SHARE = 0.01
 
@@ -69,6 +71,8 @@ class FleetResults:
     points: list[Point] = field(default_factory=list)
     # (step interval, point): one N replayed from streams recorded at each interval.
     interval_points: list[tuple[int, Point]] = field(default_factory=list)
+    # Replays against an allocator group (several shards), in memory.
+    group_points: list[Point] = field(default_factory=list)
 
     def of(self, iteration_ms: float, store: str) -> list[Point]:
         return sorted((p for p in self.points if p.iteration_ms == iteration_ms
@@ -144,6 +148,40 @@ def interval_rows(results: FleetResults) -> list[Row]:
     return rows
 
 
+def group_capacity_ratio(results: FleetResults, point: Point) -> float:
+    """The group's capacity over one allocator's, both limited by CPU: one allocator holds
+    1 / c executors per core (c: its CPU per executor-second from the sweep); the group is full
+    when its busiest shard uses a whole core, so it holds N / (that shard's cores) times the
+    executors it replayed. Uneven shards (rendezvous hashing) count against the group."""
+    single = results.cpu_per_executor(point.iteration_ms, "memory")
+    r = point.result
+    busiest = max(r.shard_cpu_s, default=0.0) / r.window_s
+    return r.executors * single / busiest if busiest and single else 0.0
+
+
+def group_rows(results: FleetResults) -> list[Row]:
+    rows = []
+    for point in results.group_points:
+        r, it = point.result, point.iteration_ms
+        shards = len(r.shard_executors)
+        head = f"{it:g} ms, memory, {shards} shards, {r.executors} executors"
+        rows.append(Row(f"{head}: executors per shard",
+                        " / ".join(map(str, r.shard_executors))))
+        rows.append(Row(f"{head}: each shard's CPU per executor-second",
+                        " / ".join(f"{cpu / (n * r.window_s) * 1000:.1f} ms" if n else "–"
+                                   for cpu, n in zip(r.shard_cpu_s, r.shard_executors))))
+        rows.append(Row(f"{head}: Step p50 / p99, stalls, answers differing",
+                        f"{point.p50_ms:.2f} / {point.p99_ms:.2f} ms, {r.stalls}, "
+                        f"{r.mismatches}", "0 stalls, 0 differing",
+                        r.stalls == 0 and r.mismatches == 0))
+        target = TARGET_GROUP.get(shards)
+        ratio = group_capacity_ratio(results, point)
+        rows.append(Row(f"{head}: the group's capacity over one allocator's (by CPU)",
+                        f"{ratio:.2f}×", f"≥ {target:g}×" if target else "",
+                        ratio >= target if target else None))
+    return rows
+
+
 def point_table(results: FleetResults) -> str:
     header = ("| iteration | store | N | Steps/s | ops/s | allocator CPU (cores) | CPU per "
               "executor-s | p50 / p99 (ms) | stalls | behind | answers differing |\n"
@@ -170,6 +208,9 @@ def section_body(results: FleetResults, image: str) -> str:
         markdown_table(summary_rows(results)), "",
         "Coalesced Steps: the same N replayed from streams recorded with and without them:", "",
         markdown_table(interval_rows(results)), "",
+        "An allocator group: the executors spread over the shards by rendezvous hashing "
+        "of their ids, one replay against fresh shards:", "",
+        markdown_table(group_rows(results)), "",
         "Every replayed point (N executors, one fresh allocator each):", "",
         point_table(results), "",
         image, ""])

@@ -19,7 +19,9 @@ from bench.fleet.step_stream import StepStream
 from bench.fleet.workload import FleetWorkload, draw_requests
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
+from pagedserve.common.allocator_shards import shard_of
 from pagedserve.supervisor.service_process import AllocatorProcess
+from tests.support.allocator_group import Shards
 from tests.support.bench_runs import BENCH_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +68,9 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path):
     assert [s.offset_s for s in stream.steps] == sorted(s.offset_s for s in stream.steps)
 
     with AllocatorProcess("--lease-ttl", "600") as allocator:
-        result = asyncio.run(replay(allocator.target, [stream], 3, warmup_s=0.0, measure_s=6.0,
-                                    spread_s=0.5, allocator_pid=allocator.process.pid))
+        result = asyncio.run(replay([allocator.target], [stream], 3, warmup_s=0.0,
+                                    measure_s=6.0, spread_s=0.5,
+                                    allocator_pids=[allocator.process.pid]))
         problems = audit(allocator.target)
     assert result.mismatches == 0
     assert result.steps == 3 * len(stream.steps)
@@ -75,6 +78,21 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path):
     assert len(result.latencies_ms) == result.steps
     assert result.allocator_cpu_s is not None and result.allocator_cpu_s > 0
     assert problems == []
+
+    # An allocator group: each replayed executor registers with the shard its id hashes to.
+    with Shards.start(2, "--lease-ttl", "600") as shards:
+        result = asyncio.run(replay(shards.addresses, [stream], 6, warmup_s=0.0,
+                                    measure_s=6.0, spread_s=0.5,
+                                    allocator_pids=[p.process.pid for p in shards.processes]))
+        listed = [sorted(shards.listed(index)) for index in range(2)]
+        problems = [audit(address) for address in shards.addresses]
+    owners = [shard_of(f"replay-{k}", shards.addresses) for k in range(6)]
+    assert listed == [sorted(f"replay-{k}" for k in range(6) if owners[k] == address)
+                      for address in shards.addresses]
+    assert result.shard_executors == [len(ids) for ids in listed]
+    assert result.mismatches == 0 and result.steps == 6 * len(stream.steps)
+    assert len(result.shard_cpu_s) == 2 and result.allocator_cpu_s == sum(result.shard_cpu_s)
+    assert problems == [[], []]
 
 
 def test_a_replay_against_another_pool_size_is_caught(tmp_path):
@@ -89,11 +107,10 @@ def test_a_replay_against_another_pool_size_is_caught(tmp_path):
     stream = StepStream.load(stream_path)
     stream.block_size *= 2
     with AllocatorProcess("--lease-ttl", "600") as allocator:
-        result = asyncio.run(replay(allocator.target, [stream], 1, warmup_s=0.0, measure_s=4.0,
-                                    spread_s=0.0, allocator_pid=None))
+        result = asyncio.run(replay([allocator.target], [stream], 1, warmup_s=0.0,
+                                    measure_s=4.0, spread_s=0.0))
     assert result.steps == len(stream.steps)
     assert result.mismatches > 0
-
 
 
 def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
@@ -101,12 +118,15 @@ def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "bench.fleet", "--quick", "--iterations-ms", "20", "--executors",
          "2", "--recorders", "1", "--running", "32", "--stores", "memory",
-         "--baseline-interval", "0"],
+         "--baseline-interval", "0", "--group-shards", "2", "--group-executors", "3"],
         cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     for metric in ("20 ms: simulated executors (live), Steps/s and ops per Step",
                    "20 ms, memory: allocator CPU per executor-second",
-                   "20 ms, memory: largest N replayed with 0 stalls"):
+                   "20 ms, memory: largest N replayed with 0 stalls",
+                   "20 ms, memory, 2 shards, 3 executors: executors per shard",
+                   "20 ms, memory, 2 shards, 3 executors: the group's capacity over one "
+                   "allocator's (by CPU)"):
         assert metric in run.stdout
     assert (ROOT / "docs" / "benchmarks.md").read_bytes() == before
     assert list(tmp_path.iterdir()) == []
