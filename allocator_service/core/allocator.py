@@ -110,7 +110,7 @@ class Allocator:
         executor.pool.blocks.events = PoolEvents(self.events, executor.executor_id)
         replaced = self.executors.get(executor.executor_id)
         if replaced is not None and replaced.pool is not executor.pool:
-            replaced.pool.blocks.free_queue.unlink_all()
+            replaced.pool.discard()
         self.executors[executor.executor_id] = executor
 
     def heartbeat(self, executor_id: str, epoch: int, num_waiting: int = 0,
@@ -143,7 +143,7 @@ class Allocator:
             if executor is None or executor.epoch != epoch:
                 continue
             del self.executors[executor_id]
-            executor.pool.blocks.free_queue.unlink_all()
+            executor.pool.discard()
             self.events.emit(KvEventType.POOL_RESET, executor_id,
                              reason=PoolResetReason.LEASE_EXPIRED)
             dropped.append(executor_id)

@@ -225,6 +225,12 @@ class ExecutorPool:
             raise UnknownSequence(seq_id)
         self.blocks.release(seq.block_table)
 
+    def discard(self) -> None:
+        """This pool is dropped (reclaimed, or replaced by a re-registration). Its free list
+        links blocks both ways; unlinking it lets reference counting free the whole pool at
+        once, since the pools are kept out of the cyclic collector (server/heap.py)."""
+        self.blocks.free_queue.unlink_all()
+
     def reset_prefix_cache(self) -> int:
         """Drops every cache entry. Live sequences keep hashing what they compute next: their
         chain identities belong to dropped entries, so nothing cached later can match them."""
