@@ -4,11 +4,13 @@
                     snapshot, in order (see commands.py)
     {ns}:snapshot   string: zlib-compressed JSON of the whole state at seq `snapshot_seq`
     {ns}:meta       hash: snapshot_seq, format
-    {ns}:events     stream capped at about --events-max entries, entry id "<event seq>-0":
-                    the KV events, fields below
+    {ns}:events     stream capped at about --events-max events: one entry per command (a
+                    Step's events go in one XADD), entry id "<seq of its first event>-0",
+                    fields count and events (below)
 
-The stored state is the snapshot plus every journal entry after it. Entry ids are the sequence
-numbers themselves, so `XRANGE {ns}:events 1200 +` reads from event 1200 on.
+The stored state is the snapshot plus every journal entry after it. Journal entry ids are the
+sequence numbers themselves; an events entry's id is the number of its first event, so
+`XREVRANGE {ns}:events 1200 - COUNT 1` finds the entry that holds event 1200.
 """
 from __future__ import annotations
 
@@ -72,41 +74,62 @@ def decode_snapshot(blob: bytes) -> dict[str, Any]:
 
 # -- events ------------------------------------------------------------------------------------
 #
+# An entry holds the events of one command, numbered on from its id: fields `count` and
+# `events`, a JSON array of objects in order, each with
+#
 #   type         BlockStored | BlockRemoved | PoolReset
 #   executor     executor id
 #   block        block id                       (BlockStored, BlockRemoved)
 #   hash         block hash, hex                (BlockStored, BlockRemoved)
 #   parent       parent block hash, hex         (BlockStored; the chain root for a first block)
-#   tokens       token ids, comma-separated     (BlockStored)
+#   tokens       token ids, a JSON array        (BlockStored)
 #   reason       registered | lease_expired | prefix_cache_reset | resync   (PoolReset)
 #   num_blocks, block_size                      (PoolReset; 0 when the pool is gone)
+#
+# One entry per command rather than per event: a decoding executor stores and evicts about two
+# thousand blocks a second, and an XADD each was most of what durability cost the allocator.
 
-def event_fields(event: KvEvent) -> dict[bytes, bytes | str | int]:
-    fields: dict[bytes, bytes | str | int] = {b"type": EVENT_TYPE_NAMES[event.type],
-                                              b"executor": event.executor_id}
+EVENT_TYPE_TEXT = {type_: name.decode() for type_, name in EVENT_TYPE_NAMES.items()}
+EVENT_TYPES_BY_TEXT = {name: type_ for type_, name in EVENT_TYPE_TEXT.items()}
+
+
+def events_fields(events: list[KvEvent]) -> dict[bytes, bytes | int]:
+    """The fields of the entry that holds `events` (consecutive, at least one)."""
+    return {b"count": len(events),
+            b"events": json.dumps([_event_object(event) for event in events],
+                                  separators=(",", ":")).encode()}
+
+
+def _event_object(event: KvEvent) -> dict[str, Any]:
+    type_ = EVENT_TYPE_TEXT[event.type]
     if event.type == KvEventType.POOL_RESET:
-        fields[b"reason"] = event.reason
-        fields[b"num_blocks"] = event.num_blocks
-        fields[b"block_size"] = event.block_size
-        return fields
-    fields[b"block"] = event.block_id
-    fields[b"hash"] = event.block_hash.hex()
+        return {"type": type_, "executor": event.executor_id, "reason": event.reason,
+                "num_blocks": event.num_blocks, "block_size": event.block_size}
     if event.type == KvEventType.BLOCK_STORED:
-        fields[b"parent"] = event.parent_hash.hex()
-        fields[b"tokens"] = ",".join(map(str, event.token_ids))
-    return fields
+        return {"type": type_, "executor": event.executor_id, "block": event.block_id,
+                "hash": event.block_hash.hex(), "parent": event.parent_hash.hex(),
+                "tokens": event.token_ids}
+    return {"type": type_, "executor": event.executor_id, "block": event.block_id,
+            "hash": event.block_hash.hex()}
 
 
-def event_from_fields(entry_id_: bytes, fields: dict[bytes, bytes]) -> KvEvent:
-    type_ = EVENT_TYPES_BY_NAME[fields[b"type"]]
-    common = {"seq": seq_of(entry_id_), "type": type_,
-              "executor_id": fields[b"executor"].decode()}
+def entry_last_seq(entry_id_: bytes, fields: dict[bytes, bytes]) -> int:
+    """The number of the last event an entry holds."""
+    return seq_of(entry_id_) + int(fields[b"count"]) - 1
+
+
+def events_from_entry(entry_id_: bytes, fields: dict[bytes, bytes]) -> list[KvEvent]:
+    first = seq_of(entry_id_)
+    return [_event_from_object(first + index, item)
+            for index, item in enumerate(json.loads(fields[b"events"]))]
+
+
+def _event_from_object(seq: int, item: dict[str, Any]) -> KvEvent:
+    type_ = EVENT_TYPES_BY_TEXT[item["type"]]
     if type_ == KvEventType.POOL_RESET:
-        return KvEvent(**common, reason=fields[b"reason"].decode(),  # type: ignore[arg-type]
-                       num_blocks=int(fields[b"num_blocks"]),
-                       block_size=int(fields[b"block_size"]))
-    tokens = fields.get(b"tokens", b"")
-    return KvEvent(**common, block_id=int(fields[b"block"]),  # type: ignore[arg-type]
-                   block_hash=bytes.fromhex(fields[b"hash"].decode()),
-                   parent_hash=bytes.fromhex(fields.get(b"parent", b"").decode()),
-                   token_ids=tuple(map(int, tokens.split(b","))) if tokens else ())
+        return KvEvent(seq, type_, item["executor"], reason=item["reason"],
+                       num_blocks=item["num_blocks"], block_size=item["block_size"])
+    return KvEvent(seq, type_, item["executor"], block_id=item["block"],
+                   block_hash=bytes.fromhex(item["hash"]),
+                   parent_hash=bytes.fromhex(item.get("parent", "")),
+                   token_ids=tuple(item.get("tokens", ())))

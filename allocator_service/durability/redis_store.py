@@ -196,10 +196,14 @@ class RedisStore(StateStore):
         pipe.execute()
 
     def _add_events(self, pipe: Any, events: list[KvEvent]) -> None:
-        for event in events:
-            pipe.xadd(self.keys.events, redis_codec.event_fields(event),
-                      id=redis_codec.entry_id(event.seq), maxlen=self.events_max,
-                      approximate=True)
+        """All of a command's events in one entry; entries whose events are all older than the
+        last --events-max are trimmed (approximately: Redis trims whole nodes)."""
+        if not events:
+            return
+        pipe.xadd(self.keys.events, redis_codec.events_fields(events),  # type: ignore[arg-type]
+                  id=redis_codec.entry_id(events[0].seq),
+                  minid=redis_codec.entry_id(max(1, events[-1].seq - self.events_max + 1)),
+                  approximate=True)
 
     # -- outages -------------------------------------------------------------------------------
 
@@ -280,7 +284,7 @@ class RedisStore(StateStore):
 
     def _last_event_seq(self) -> int:
         last = self.client.xrevrange(self.keys.events, count=1)
-        return redis_codec.seq_of(last[0][0]) if last else 0
+        return redis_codec.entry_last_seq(*last[0]) if last else 0
 
     # -- snapshots -----------------------------------------------------------------------------
 
@@ -318,17 +322,25 @@ class RedisStore(StateStore):
             raise Unavailable(f"cannot read KV events from {self.description}: {error}") from error
 
     def _read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
-        start = redis_codec.entry_id(max(1, from_seq))
+        """Events from `from_seq` on, `limit` entries' worth (a few more events, or fewer)."""
+        from_seq = max(1, from_seq)
+        # The entry that holds from_seq starts at or before it.
+        before = self.client.xrevrange(self.keys.events, max=redis_codec.entry_id(from_seq),
+                                       count=1)
+        start = (before[0][0] if before and redis_codec.entry_last_seq(*before[0]) >= from_seq
+                 else redis_codec.entry_id(from_seq))
         entries = self.client.xrange(self.keys.events, min=start, count=limit)
         # A blocking read must end before the socket timeout, or it reads as an outage.
         wait_s = min(wait_s, self.timeout_s / 2)
         if not entries and wait_s > 0:
-            # XREAD returns entries strictly after the id given.
-            after = redis_codec.entry_id(max(0, from_seq - 1))
+            # XREAD returns entries strictly after the id given: after the last one before.
+            after = before[0][0] if before else "0-0"
             found = self.client.xread({self.keys.events: after}, count=limit,
                                       block=max(1, int(wait_s * 1000)))
             entries = found[0][1] if found else []
-        return [redis_codec.event_from_fields(entry_id, fields) for entry_id, fields in entries]
+        return [event for entry_id, fields in entries
+                for event in redis_codec.events_from_entry(entry_id, fields)
+                if event.seq >= from_seq]
 
     def close(self) -> None:
         if self._snapshot_writer.is_alive():

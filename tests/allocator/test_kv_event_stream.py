@@ -130,17 +130,20 @@ def test_events_stream_that_lost_its_tail_is_resynced_on_start(
     before = observed_state(admin)
     kill_9(durable)
     client = redis_server.client()
-    # Redis lost the newest 3 events (an older append-only file, say); the journal is whole.
-    assert client.xdel(f"{NAMESPACE}:events", *[f"{e.seq}-0" for e in events[-3:]]) == 3
+    # Redis lost the newest entry, the events of the last command (an older append-only file,
+    # say); the journal is whole.
+    ((last_entry, fields),) = client.xrevrange(f"{NAMESPACE}:events", count=1)
+    lost = int(fields[b"count"])
+    assert client.xdel(f"{NAMESPACE}:events", last_entry) == 1
 
     recovered = durable_allocator(redis_server.url)
     _, admin = stubs(recovered)
     assert observed_state(admin) == before
-    assert (f"lost data (event stream ends at {events[-4].seq}, state at {events[-1].seq})"
-            in recovered.stderr_tail())
+    assert (f"lost data (event stream ends at {events[-1 - lost].seq}, state at "
+            f"{events[-1].seq})" in recovered.stderr_tail())
     stored = redis_events(client)
-    assert stored[:len(events) - 3] == events[:-3]
-    resynced = stored[len(events) - 3:]
+    assert stored[:len(events) - lost] == events[:-lost]
+    resynced = stored[len(events) - lost:]
     assert [e.seq for e in resynced] == list(range(events[-1].seq + 1,
                                                    events[-1].seq + 1 + len(resynced)))
     assert [(e.executor_id, e.reason) for e in resynced if e.type == POOL_RESET] == [
@@ -151,3 +154,28 @@ def test_events_stream_that_lost_its_tail_is_resynced_on_start(
     assert snapshot_seq(client) == 2 + len(MIXED_WORKLOAD)
     assert journal(client) == []
 
+
+
+def test_a_commands_events_are_one_entry_and_the_stream_keeps_the_newest_events_max(
+        redis_server: RedisProcess, durable_allocator: Callable[..., AllocatorProcess]) -> None:
+    durable = durable_allocator(redis_server.url, "--events-max", "60")
+    stub, admin = stubs(durable)
+    executor = register(stub, "ev-cap", num_blocks=64, block_size=2)
+    # Each Step stores 4 blocks of a fresh prompt and frees it: one entry of 4 events.
+    for n in range(200):
+        prompt = list(range(1000 * n, 1000 * n + 8))
+        executor.step(allocate(f"s{n}", prompt), append(f"s{n}", num_computed_tokens=8),
+                      free(f"s{n}"))
+    client = redis_server.client()
+    entries = client.xrange(f"{NAMESPACE}:events")
+    assert all(int(fields[b"count"]) >= 4 for _, fields in entries[1:])
+    kept = redis_events(client)
+    last = kept[-1].seq
+    assert [e.seq for e in kept] == list(range(kept[0].seq, last + 1))
+    # Trimmed (Redis trims whole nodes of 100 entries), and never below the newest 60 events.
+    assert kept[0].seq > 1 and last - kept[0].seq + 1 >= 60
+    # StreamEvents from anywhere inside an entry starts at that event; from before the oldest
+    # kept one, at the oldest.
+    middle = kept[len(kept) // 2 + 1].seq
+    assert [e.seq for e in rpc_events(admin, middle)] == list(range(middle, last + 1))
+    assert rpc_events(admin, 1) == kept

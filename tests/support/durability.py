@@ -3,6 +3,8 @@ read a durable allocator's whole observable state (admin API, events, and Redis 
 states before and after a crash compare with ==."""
 from __future__ import annotations
 
+import json
+
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -176,35 +178,39 @@ def rpc_events(admin: pb_grpc.AllocatorAdminStub, from_seq: int = 0) -> list[pb.
     return events
 
 
-EVENT_TYPES = {b"BlockStored": STORED, b"BlockRemoved": REMOVED, b"PoolReset": POOL_RESET}
+EVENT_TYPES = {"BlockStored": STORED, "BlockRemoved": REMOVED, "PoolReset": POOL_RESET}
 EVENT_FIELDS = {
-    STORED: {b"type", b"executor", b"block", b"hash", b"parent", b"tokens"},
-    REMOVED: {b"type", b"executor", b"block", b"hash"},
-    POOL_RESET: {b"type", b"executor", b"reason", b"num_blocks", b"block_size"},
+    STORED: {"type", "executor", "block", "hash", "parent", "tokens"},
+    REMOVED: {"type", "executor", "block", "hash"},
+    POOL_RESET: {"type", "executor", "reason", "num_blocks", "block_size"},
 }
 
 
 def redis_events(client: redis.Redis, namespace: str = NAMESPACE) -> list[pb.KvEvent]:
     """The events stream read straight from Redis and decoded as docs/durability.md describes
-    it (not with the allocator's own codec)."""
+    it (not with the allocator's own codec): one entry per command, its id the number of its
+    first event, fields `count` and `events` (a JSON array)."""
     events = []
     for entry_id, fields in client.xrange(f"{namespace}:events"):
-        seq, sub = entry_id.split(b"-")
-        assert sub == b"0", entry_id
-        kind = EVENT_TYPES[fields[b"type"]]
-        assert set(fields) == EVENT_FIELDS[kind], (entry_id, fields)
-        event = pb.KvEvent(seq=int(seq), type=kind, executor_id=fields[b"executor"].decode())
-        if kind == POOL_RESET:
-            event.reason = fields[b"reason"].decode()
-            event.num_blocks = int(fields[b"num_blocks"])
-            event.block_size = int(fields[b"block_size"])
-        else:
-            event.block_id = int(fields[b"block"])
-            event.block_hash = bytes.fromhex(fields[b"hash"].decode())
-        if kind == STORED:
-            event.parent_block_hash = bytes.fromhex(fields[b"parent"].decode())
-            event.token_ids.extend(int(token) for token in fields[b"tokens"].split(b","))
-        events.append(event)
+        first, sub = entry_id.split(b"-")
+        assert sub == b"0" and set(fields) == {b"count", b"events"}, (entry_id, fields)
+        items = json.loads(fields[b"events"])
+        assert len(items) == int(fields[b"count"]) > 0
+        for offset, item in enumerate(items):
+            kind = EVENT_TYPES[item["type"]]
+            assert set(item) == EVENT_FIELDS[kind], (entry_id, item)
+            event = pb.KvEvent(seq=int(first) + offset, type=kind, executor_id=item["executor"])
+            if kind == POOL_RESET:
+                event.reason = item["reason"]
+                event.num_blocks = item["num_blocks"]
+                event.block_size = item["block_size"]
+            else:
+                event.block_id = item["block"]
+                event.block_hash = bytes.fromhex(item["hash"])
+            if kind == STORED:
+                event.parent_block_hash = bytes.fromhex(item["parent"])
+                event.token_ids.extend(item["tokens"])
+            events.append(event)
     return events
 
 
