@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -146,6 +146,10 @@ class ExecutorDirectory:
                 entry.close(reason)
                 del self._entries[executor_id]
         for executor_id, listing in listed.items():
+            entry = self._entries.get(executor_id)
+            if entry is not None and entry.shard != listing.shard:
+                # It registered with another shard (the shard list changed): follow it.
+                self._entries[executor_id] = replace(entry, shard=listing.shard)
             if executor_id not in self._entries:
                 entry = self._connect(listing)
                 if entry is not None:
