@@ -117,7 +117,9 @@ def test_pagedctl_shows_the_group_as_one_allocator(group):
                    if line.startswith(executor_id))
         assert row[-1] == shard, "the allocator column names each executor's shard"
     sequences = json.loads(pagedctl(group.target, "--json", "sequences").stdout)
-    assert [s["seq_id"] for s in sequences["sequences"]] == ["seq-on-0", "seq-on-1"]
+    # In executor id order, as one allocator lists them (the ids, like the ports, vary).
+    assert [(s["executor_id"], s["seq_id"]) for s in sequences["sequences"]] == sorted(
+        [(a, "seq-on-0"), (b, "seq-on-1")])
     audit = pagedctl(group.target, "audit")
     assert audit.returncode == 0
     assert audit.stdout.strip() == "ok: 2 pools, 24 blocks, no violations"
