@@ -84,7 +84,7 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path):
         result = asyncio.run(replay(shards.addresses, [stream], 6, warmup_s=0.0,
                                     measure_s=6.0, spread_s=0.5,
                                     allocator_pids=[p.process.pid for p in shards.processes]))
-        listed = [sorted(shards.listed(index)) for index in range(2)]
+        listed = [sorted(shards.epochs(index)) for index in range(2)]
         problems = [audit(address) for address in shards.addresses]
     owners = [shard_of(f"replay-{k}", shards.addresses) for k in range(6)]
     assert listed == [sorted(f"replay-{k}" for k in range(6) if owners[k] == address)

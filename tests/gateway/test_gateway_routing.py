@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import ExecutorProcess, GatewayProcess
@@ -44,8 +43,8 @@ def stack(request, tmp_path_factory):
                 GatewayProcess("--allocator", allocators.target, "--refresh-s",
                                "0.2") as gateway:
             if request.param == 2:
-                assert [allocators.listed(0), allocators.listed(1)] == [[executor_ids[0]],
-                                                                        [executor_ids[1]]]
+                assert [list(allocators.epochs(0)), list(allocators.epochs(1))] == [
+                    [executor_ids[0]], [executor_ids[1]]]
             stub = pb_grpc.GatewayStub(gateway.channel())
             wait_for(lambda: stub.ListModels(pb.ListModelsRequest()).models[0].num_executors
                      == 2, timeout_s=30)
@@ -77,9 +76,7 @@ def gained_hits(stack: Stack, before: dict[str, int]) -> dict[str, int]:
 
 def serving(stack: Stack) -> set[str]:
     """The executors that hold a live sequence now, over every shard."""
-    answers = stack.allocators.client.ask("ListSequences", apb.ListSequencesRequest(), 10.0)
-    assert not answers.failures
-    return {seq.executor_id for reply in answers.replies.values() for seq in reply.sequences}
+    return set(stack.allocators.sequences())
 
 
 def test_requests_sharing_a_prefix_go_where_it_is_cached(stack):

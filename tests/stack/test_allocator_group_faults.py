@@ -18,7 +18,6 @@ from contextlib import ExitStack
 import pytest
 
 from gateway.executors.directory import UNLISTED_GRACE_S
-from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.gateway_client import GatewayClient
 from pagedserve.supervisor.redis_server import REDIS_SERVER
 from pagedserve.supervisor.service_process import (AllocatorProcess, ExecutorProcess,
@@ -37,23 +36,6 @@ STREAMS = 8
 NAMESPACES = ("test:group:shard-0", "test:group:shard-1")
 
 
-def sequences_by_executor(shards: Shards) -> dict[str, set[str]]:
-    """Each executor's live sequence ids, over every shard that answers."""
-    answers = shards.client.ask("ListSequences", apb.ListSequencesRequest(), 5.0)
-    found: dict[str, set[str]] = {}
-    for reply in answers.replies.values():
-        for seq in reply.sequences:
-            found.setdefault(seq.executor_id, set()).add(seq.seq_id)
-    return found
-
-
-def epochs(shards: Shards, index: int) -> dict[str, int]:
-    answers = shards.client.ask("ListExecutors", apb.ListExecutorsRequest(), 5.0,
-                                shards=[shards.addresses[index]])
-    (reply,) = answers.replies.values()
-    return {executor.executor_id: executor.epoch for executor in reply.executors}
-
-
 def test_killing_one_shard_loses_nothing_and_leaves_the_other_shards_pools_alone(
         redis_server, tmp_path):
     cache = tmp_path / "cache"
@@ -70,7 +52,7 @@ def test_killing_one_shard_loses_nothing_and_leaves_the_other_shards_pools_alone
                 "256", env=env))
         gateway = started.enter_context(GatewayProcess(
             "--allocator", shards.target, "--refresh-s", "0.2"))
-        assert epochs(shards, 0).keys() == {on_a} and epochs(shards, 1).keys() == {on_b}, \
+        assert shards.epochs(0).keys() == {on_a} and shards.epochs(1).keys() == {on_b}, \
             "each executor registered with its own shard only"
         load = Load(gateway.target, gateway.http_url)
         started.callback(load.close)
@@ -79,11 +61,11 @@ def test_killing_one_shard_loses_nothing_and_leaves_the_other_shards_pools_alone
 
         streams = [load.start(prompt) for prompt in prompts("group", STREAMS)]
         assert all(stream.first_token.wait(120) for stream in streams)
-        running = sequences_by_executor(shards)
+        running = shards.sequences()
         assert set(running) == {on_a, on_b}, f"the load went to one executor only: {running}"
         on_b_streams = [s for s in streams if f"{s.request_id}#0" in running[on_b]]
         on_a_streams = [s for s in streams if s not in on_b_streams]
-        epoch_a, epoch_b = epochs(shards, 0), epochs(shards, 1)
+        epoch_a, epoch_b = shards.epochs(0), shards.epochs(1)
 
         a_port = shards.processes[0].port
         kill_9(shards.processes[0])
@@ -94,7 +76,7 @@ def test_killing_one_shard_loses_nothing_and_leaves_the_other_shards_pools_alone
             assert stream.done.wait(120), "a stream on the surviving shard stalled"
         assert not any(stream.done.is_set() for stream in on_a_streams), \
             "a stream finished while its shard was down"
-        assert epochs(shards, 1) == epoch_b, "the surviving shard's pool was not re-registered"
+        assert shards.epochs(1) == epoch_b, "the surviving shard's pool was not re-registered"
         survivor = Shards([shards.processes[1]])
         wait_for(lambda: survivor.used_blocks() == 0, timeout_s=120)
         audit = pagedctl_audit(survivor)
@@ -116,7 +98,7 @@ def test_killing_one_shard_loses_nothing_and_leaves_the_other_shards_pools_alone
         expected = undisturbed(cache, [stream.prompt for stream in load.streams])
         assert all(map(matches, load.streams, expected)), describe(load.streams, expected)
         # A's pool came back from its own namespace under the same epoch; the group is clean.
-        assert epochs(shards, 0) == epoch_a
+        assert shards.epochs(0) == epoch_a
         wait_for(lambda: shards.used_blocks() == 0)
         audit = pagedctl_audit(shards)
         assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout

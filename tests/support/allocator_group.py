@@ -58,13 +58,23 @@ class Shards:
     def used_blocks(self) -> int:
         return self.stats().total.num_used_blocks
 
-    def listed(self, index: int) -> list[str]:
-        """The executor ids shard `index` lists."""
+    def epochs(self, index: int) -> dict[str, int]:
+        """The executors shard `index` lists, in id order, with their epochs."""
         answers = self.client.ask("ListExecutors", pb.ListExecutorsRequest(), 10.0,
                                   shards=[self.addresses[index]])
         self.client.raise_failure(answers.failures)
         (reply,) = answers.replies.values()
-        return [executor.executor_id for executor in reply.executors]
+        return {executor.executor_id: executor.epoch for executor in reply.executors}
+
+    def sequences(self) -> dict[str, set[str]]:
+        """Each executor's live sequence ids, over every shard."""
+        answers = self.client.ask("ListSequences", pb.ListSequencesRequest(), 10.0)
+        self.client.raise_failure(answers.failures)
+        found: dict[str, set[str]] = {}
+        for reply in answers.replies.values():
+            for seq in reply.sequences:
+                found.setdefault(seq.executor_id, set()).add(seq.seq_id)
+        return found
 
     def stop(self) -> None:
         for process in reversed(self.processes):
