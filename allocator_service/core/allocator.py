@@ -21,12 +21,31 @@ from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, Fo
 from pagedserve.protocol.limits import Limits
 
 
-@dataclass(slots=True)
 class RecordedStep:
-    # What identifies the request: the caller's digest of it (the server hashes the serialized
-    # request), or else the list of ops itself, compared with ==.
-    identity: bytes | list[BlockOp]
-    result: StepResult
+    """A step's result kept for answering its retries.
+
+    Kept packed as exact tuples of plain values: the collector stops scanning such tuples after
+    one pass, while a result's objects and lists (an executor's last 64 steps, tens of thousands
+    of them in a fleet) would be walked by every full collection, pausing every Step.
+    """
+
+    __slots__ = ("identity", "_packed")
+
+    def __init__(self, identity: bytes | list[BlockOp], result: StepResult) -> None:
+        # What identifies the request: the caller's digest of it (the server hashes the
+        # serialized request), or else the list of ops itself, compared with ==.
+        self.identity = identity
+        self._packed = (result.num_free_blocks, tuple(
+            (int(r.status), r.message, tuple(r.block_table), r.num_cached_tokens,
+             tuple(r.new_blocks), tuple(r.copies)) for r in result.results))
+
+    @property
+    def result(self) -> StepResult:
+        num_free_blocks, results = self._packed
+        return StepResult([OpResult(OpStatus(status), message, list(table), cached, list(new),
+                                    list(copies))
+                           for status, message, table, cached, new, copies in results],
+                          num_free_blocks)
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ leaving the pool exactly as it was. Caller bugs (unknown or duplicate sequence i
 """
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence as Seq
 
 from allocator_service.core.block import Block, PrefixKey
@@ -110,7 +111,7 @@ class ExecutorPool:
         table = hits + self.blocks.take(new)
         num_cached = len(hits) * self.block_size
         self.sequences[seq_id] = Sequence(
-            seq_id=seq_id, cache_salt=cache_salt, block_table=table, token_ids=list(token_ids),
+            seq_id=seq_id, cache_salt=cache_salt, block_table=table, token_ids=array("i", token_ids),
             num_cached_tokens=num_cached, num_computed_tokens=num_cached,
             num_hashed_blocks=len(hits), chain_hash=chain_hash_, chain_key=chain_key)
         self.prefix_query_tokens += len(token_ids)
@@ -212,7 +213,7 @@ class ExecutorPool:
             self.blocks.share(block)
         self.sequences[child_id] = Sequence(
             seq_id=child_id, cache_salt=parent.cache_salt, block_table=list(shared),
-            token_ids=list(parent.token_ids), num_cached_tokens=parent.num_cached_tokens,
+            token_ids=array("i", parent.token_ids), num_cached_tokens=parent.num_cached_tokens,
             num_computed_tokens=parent.num_computed_tokens,
             num_hashed_blocks=parent.num_hashed_blocks, chain_hash=parent.chain_hash,
             chain_key=parent.chain_key)

@@ -54,6 +54,22 @@ class KvEvent:
     block_size: int = 0
 
 
+# An event as an exact tuple of plain values, for keeping many of them: the collector stops
+# scanning such a tuple after one pass, where it walks every dataclass instance on every full
+# collection (a store keeping the last 100,000 events made each Step pay for that).
+PackedEvent = tuple[int, int, str, int, bytes, bytes, tuple[int, ...], str, int, int]
+
+
+def pack(event: KvEvent) -> PackedEvent:
+    return (event.seq, int(event.type), event.executor_id, event.block_id, event.block_hash,
+            event.parent_hash, event.token_ids, event.reason, event.num_blocks, event.block_size)
+
+
+def unpack(packed: PackedEvent) -> KvEvent:
+    seq, type_, *fields = packed
+    return KvEvent(seq, KvEventType(type_), *fields)  # type: ignore[arg-type]
+
+
 class KvEventLog:
     """Numbers events and holds those of the change in progress until the store takes them."""
 

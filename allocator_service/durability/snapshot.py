@@ -11,6 +11,7 @@ ids, so an idle pool of a million blocks takes a few bytes.
 """
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -149,7 +150,7 @@ def _restore_pool(data: Json, core: Allocator) -> ExecutorPool:
         pool.sequences[SeqId(item["seq_id"])] = Sequence(
             seq_id=SeqId(item["seq_id"]), cache_salt=item["cache_salt"],
             block_table=[by_id[BlockId(block_id)] for block_id in item["block_table"]],
-            token_ids=list(item["token_ids"]), num_cached_tokens=item["num_cached_tokens"],
+            token_ids=array("i", item["token_ids"]), num_cached_tokens=item["num_cached_tokens"],
             num_computed_tokens=item["num_computed_tokens"],
             num_hashed_blocks=item["num_hashed_blocks"],
             chain_hash=bytes.fromhex(item["chain_hash"]), chain_key=item["chain_key"])

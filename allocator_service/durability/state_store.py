@@ -11,7 +11,7 @@ import collections
 import threading
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.kv_events import KvEvent
+from allocator_service.core.kv_events import KvEvent, PackedEvent, pack, unpack
 from allocator_service.durability.commands import Command
 
 
@@ -68,21 +68,23 @@ class MemoryStore(StateStore):
     """No durability: state lives and dies with the process. Keeps the last events for readers."""
 
     def __init__(self, max_events: int = 100_000) -> None:
-        self._events: collections.deque[KvEvent] = collections.deque(maxlen=max_events)
+        # Packed: a ring of event objects would be walked by every full garbage collection.
+        self._events: collections.deque[PackedEvent] = collections.deque(maxlen=max_events)
         self._new_events = threading.Condition()
 
     def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
         if events:
             with self._new_events:
-                self._events.extend(events)
+                self._events.extend(map(pack, events))
                 self._new_events.notify_all()
 
     def read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
         with self._new_events:
-            if wait_s > 0 and (not self._events or self._events[-1].seq < from_seq):
+            if wait_s > 0 and (not self._events or self._events[-1][0] < from_seq):
                 self._new_events.wait(wait_s)
-            if not self._events or self._events[-1].seq < from_seq:
+            if not self._events or self._events[-1][0] < from_seq:
                 return []
             # Numbers can skip (a change that raised drops its events), so search, not subtract.
-            start = bisect.bisect_left(self._events, from_seq, key=lambda event: event.seq)
-            return [self._events[i] for i in range(start, min(len(self._events), start + limit))]
+            start = bisect.bisect_left(self._events, from_seq, key=lambda packed: packed[0])
+            return [unpack(self._events[i])
+                    for i in range(start, min(len(self._events), start + limit))]

@@ -429,7 +429,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             size = model.block_size
             for seq_id, expected in model.seqs.items():
                 seq = pool.sequences[seq_id]
-                assert seq.token_ids == expected.tokens
+                assert seq.token_ids.tolist() == expected.tokens
                 assert seq.cache_salt == expected.salt
                 assert len(seq.block_table) == expected.num_blocks
                 assert seq.num_computed_tokens == expected.num_computed

@@ -131,13 +131,13 @@ def test_busy_core_restores_every_block_sequence_and_counter():
     seqs = pool.sequences
     assert list(seqs) == ["a", "b", "a2", "d"]
     a, b, a2, d = (seqs[s] for s in ("a", "b", "a2", "d"))
-    assert (a.block_ids(), a.token_ids, a.num_cached_tokens, a.num_computed_tokens,
+    assert (a.block_ids(), a.token_ids.tolist(), a.num_cached_tokens, a.num_computed_tokens,
             a.num_hashed_blocks, a.chain_hash, a.chain_key) == ([0, 1, 2], A10, 0, 10, 2, h1, 2)
     assert (b.block_ids(), b.num_cached_tokens, b.num_computed_tokens, b.num_hashed_blocks,
             b.chain_hash, b.chain_key) == ([0, 1, 3], 8, 8, 2, h1, 2)
-    assert (a2.block_ids(), a2.token_ids, a2.num_computed_tokens, a2.chain_key) == (
+    assert (a2.block_ids(), a2.token_ids.tolist(), a2.num_computed_tokens, a2.chain_key) == (
         [0, 1, 2], A10, 10, 2)
-    assert (d.block_ids(), d.token_ids, d.num_computed_tokens, d.num_hashed_blocks,
+    assert (d.block_ids(), d.token_ids.tolist(), d.num_computed_tokens, d.num_hashed_blocks,
             d.chain_hash, d.chain_key, d.cache_salt) == ([6, 7, 8], [200, 201, 202], 0, 0,
                                                          root, "", "")
     # The restored sequences hold the restored pool's own Block objects.
@@ -155,7 +155,7 @@ def test_busy_core_restores_every_block_sequence_and_counter():
     assert fpool.blocks.last_node_id == 3
     assert free_ids(fpool) == [2, 4, 5, 6, 7]
     (y,) = fpool.sequences.values()
-    assert (y.seq_id, y.cache_salt, y.block_ids(), y.token_ids, y.num_cached_tokens,
+    assert (y.seq_id, y.cache_salt, y.block_ids(), y.token_ids.tolist(), y.num_cached_tokens,
             y.num_computed_tokens, y.num_hashed_blocks, y.chain_hash, y.chain_key) == (
         "y", "t", [0, 1, 3], [1, 2, 3, 4, 9, 7], 4, 6, 3, y2, 3)
     assert (fpool.prefix_query_tokens, fpool.prefix_hit_tokens) == (10, 4)
