@@ -34,5 +34,14 @@ def root_hash(model_fingerprint: str, cache_salt: str) -> BlockHash:
 
 def chain_hash(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
     """Hash of a full block given its parent's hash; tokens must be non-negative int32 values."""
-    packed = struct.pack(f"<{len(token_ids)}I", *token_ids)
-    return BlockHash(blake2b(parent + packed, digest_size=HASH_BYTES).digest())
+    packer = _PACKERS.get(len(token_ids)) or _packer(len(token_ids))
+    return BlockHash(blake2b(parent + packer.pack(*token_ids), digest_size=HASH_BYTES).digest())
+
+
+# One compiled format per block length (a pool hashes millions of blocks of one size).
+_PACKERS: dict[int, struct.Struct] = {}
+
+
+def _packer(num_tokens: int) -> struct.Struct:
+    packer = _PACKERS[num_tokens] = struct.Struct(f"<{num_tokens}I")
+    return packer
