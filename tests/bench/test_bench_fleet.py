@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.fleet import profile
 from bench.fleet.replay import replay
 from bench.fleet.step_stream import StepStream
 from bench.fleet.workload import FleetWorkload, draw_requests
@@ -50,7 +51,7 @@ def audit(target: str) -> list[str]:
     return list(reply.violations)
 
 
-def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path):
+def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsys):
     stream_path = tmp_path / "sim.stream"
     with AllocatorProcess("--lease-ttl", "600") as allocator:
         run = subprocess.run(
@@ -93,6 +94,16 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path):
     assert result.mismatches == 0 and result.steps == 6 * len(stream.steps)
     assert len(result.shard_cpu_s) == 2 and result.allocator_cpu_s == sum(result.shard_cpu_s)
     assert problems == [[], []]
+
+    # The in-process profile plays the same Step path, as exactly, stage by stage.
+    assert profile.main([str(stream_path), "--copies", "2"]) == 0
+    table = capsys.readouterr().out
+    assert "answers differing from the recording: 0" in table
+    for stage in (*profile.STAGES, "garbage collection", "total in process"):
+        assert stage in table
+    times = profile.play([stream], 2, collect=False)
+    assert times.steps == 2 * len(stream.steps) and times.mismatches == 0
+    assert all(seconds > 0 for seconds in times.seconds.values())
 
 
 def test_a_replay_against_another_pool_size_is_caught(tmp_path):

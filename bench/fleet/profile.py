@@ -1,0 +1,147 @@
+"""`python -m bench.fleet.profile`: where an allocator's CPU goes on a Step, measured in process.
+
+The replay (replay.py) measures a real allocator process from outside. This plays the same
+recorded streams through the allocator's own Step path in this process, the executors' Steps
+interleaved as they arrive at a server, and times each stage apart:
+
+    parse      StepRequest.FromString (grpc runs it before the servicer)
+    convert    ops_from_proto
+    digest     the deterministic serialization and its hash (retry identity, journal body)
+    core       Allocator.step: validation and every op
+    commit     the in-memory store taking the Step's KV events
+    encode     step_result_to_proto and its serialization
+
+It runs the streams twice on fresh allocators, the cyclic garbage collector off and then on
+(pools frozen after registration, as the server does); the difference is what collection costs.
+What a replay measures beyond the sum is gRPC's own work per call. Every answer is compared with
+the recorded one. Prints a table; writes nothing.
+
+    .venv/bin/python -m bench.fleet.profile                  # records 2 streams first (30 s)
+    .venv/bin/python -m bench.fleet.profile --copies 8 sim-0.stream sim-1.stream
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from allocator_service.core.allocator import Allocator
+from allocator_service.durability import commands
+from allocator_service.durability.state_store import MemoryStore
+from bench.fleet.capacity import Timing, record
+from bench.fleet.step_stream import StepStream, step_body
+from pagedserve.allocator.v1 import allocator_pb2 as pb
+from pagedserve.protocol.block_codec import ops_from_proto, step_result_to_proto
+
+STAGES = ("parse", "convert", "digest", "core", "commit", "encode")
+
+
+@dataclass(slots=True)
+class StageTimes:
+    steps: int = 0
+    ops: int = 0
+    mismatches: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.values())
+
+
+def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
+    """Every stream `copies` times, each under its own executor id, Steps interleaved."""
+    core, store = Allocator(lease_ttl_s=600.0), MemoryStore()
+    plays = []
+    for copy in range(copies):
+        for index, stream in enumerate(streams):
+            executor_id = f"profile-{copy}-{index}"
+            registration = stream.register_request(executor_id)
+            epoch = core.register_executor(
+                executor_id, registration.address, registration.num_blocks,
+                registration.block_size, registration.model_fingerprint).epoch
+            plays.append([(step_body(executor_id, epoch, step_id, recorded.ops), recorded.reply)
+                          for step_id, recorded in enumerate(stream.steps, start=1)])
+    core.events.drain()
+    longest = max(len(steps) for steps in plays)
+    arrivals = [steps[i] for i in range(longest) for steps in plays if i < len(steps)]
+    gc.collect()
+    gc.freeze()
+    if not collect:
+        gc.disable()
+    times = StageTimes()
+    seconds, clock = times.seconds, time.perf_counter
+    try:
+        for body, reply in arrivals:
+            started = clock()
+            request = pb.StepRequest.FromString(body)
+            parsed = clock()
+            ops = ops_from_proto(request.ops)
+            converted = clock()
+            digest = commands.step_digest(request.SerializeToString(deterministic=True))
+            digested = clock()
+            result = core.step(request.executor_id, request.epoch, request.step_id, ops, digest)
+            stepped = clock()
+            store.commit(core, commands.step(body), core.events.drain())
+            committed = clock()
+            answer = step_result_to_proto(result).SerializeToString()
+            encoded = clock()
+            seconds["parse"] += parsed - started
+            seconds["convert"] += converted - parsed
+            seconds["digest"] += digested - converted
+            seconds["core"] += stepped - digested
+            seconds["commit"] += committed - stepped
+            seconds["encode"] += encoded - committed
+            times.steps += 1
+            times.ops += len(ops)
+            times.mismatches += answer != reply
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    return times
+
+
+def rows(off: StageTimes, on: StageTimes, executor_seconds: float) -> list[list[str]]:
+    """Per stage: microseconds per op and milliseconds per executor-second."""
+    def line(name: str, seconds: float) -> list[str]:
+        return [name, f"{seconds / off.ops * 1e6:.2f}", f"{seconds / executor_seconds * 1e3:.2f}"]
+
+    table = [["stage", "µs per op", "ms per executor-second"]]
+    table += [line(stage, off.seconds[stage]) for stage in STAGES]
+    table.append(line("garbage collection", max(0.0, on.total_s - off.total_s)))
+    table.append(line("total in process", on.total_s))
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("streams", nargs="*", type=Path,
+                        help="recorded streams (default: record 2 at --iteration-ms)")
+    parser.add_argument("--copies", type=int, default=8,
+                        help="executors per stream (8 × 2 streams: a 16-executor allocator)")
+    parser.add_argument("--iteration-ms", type=float, default=20.0)
+    parser.add_argument("--record-s", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fleet-profile-") as scratch:
+        paths = args.streams or record(Path(scratch), args.iteration_ms, 2,
+                                       Timing(record_s=args.record_s), 256, 4)[0]
+        streams = [StepStream.load(path) for path in paths]
+    off = play(streams, args.copies, collect=False)
+    on = play(streams, args.copies, collect=True)
+    executor_seconds = sum(stream.duration_s for stream in streams) * args.copies
+    print(f"{len(streams) * args.copies} executors, {off.steps} Steps, {off.ops} ops "
+          f"({off.ops / off.steps:.1f} per Step), {executor_seconds:.0f} executor-seconds; "
+          f"answers differing from the recording: {off.mismatches + on.mismatches}")
+    table = rows(off, on, executor_seconds)
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        print(row[0].ljust(widths[0]), *(cell.rjust(width) for cell, width in
+                                         zip(row[1:], widths[1:])))
+    return 0 if off.mismatches + on.mismatches == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
