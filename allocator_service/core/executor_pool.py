@@ -111,9 +111,10 @@ class ExecutorPool:
         table = hits + self.blocks.take(new)
         num_cached = len(hits) * self.block_size
         self.sequences[seq_id] = Sequence(
-            seq_id=seq_id, cache_salt=cache_salt, block_table=table, token_ids=array("i", token_ids),
-            num_cached_tokens=num_cached, num_computed_tokens=num_cached,
-            num_hashed_blocks=len(hits), chain_hash=chain_hash_, chain_key=chain_key)
+            seq_id=seq_id, cache_salt=cache_salt, block_table=table,
+            token_ids=array("i", token_ids), num_cached_tokens=num_cached,
+            num_computed_tokens=num_cached, num_hashed_blocks=len(hits), chain_hash=chain_hash_,
+            chain_key=chain_key)
         self.prefix_query_tokens += len(token_ids)
         self.prefix_hit_tokens += num_cached
         return Allocation([block.block_id for block in table], num_cached)
