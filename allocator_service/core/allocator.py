@@ -40,6 +40,12 @@ class RecordedStep:
              tuple(r.new_blocks), tuple(r.copies)) for r in result.results))
 
     @property
+    def packed_result(self) -> tuple[int, tuple[tuple, ...]]:
+        """The result as plain values, without building it: (num_free_blocks, one
+        (status, message, block_table, num_cached_tokens, new_blocks, copies) per op)."""
+        return self._packed
+
+    @property
     def result(self) -> StepResult:
         num_free_blocks, results = self._packed
         return StepResult([OpResult(OpStatus(status), message, list(table), cached, list(new),
