@@ -44,6 +44,8 @@ class EngineOptions:
     sparse_steps: bool = True
     # Iterations a Step may be put off while nothing needs its answer (scheduler.py).
     step_interval: int = 1
+    # The widest beam search a request may ask for.
+    max_beam_width: int = 16
     sampler_seed: int | None = None
     # torch.compile of the forward pass's tensor math: auto (on CUDA only), on, off (eager).
     compile: str = "auto"
@@ -96,7 +98,8 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
     kv_cache = allocate_kv_cache(spec, device)
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
                                 options.max_num_batched_tokens, options.lookahead_slots,
-                                options.sparse_steps, options.step_interval)
+                                options.sparse_steps, options.step_interval,
+                                options.max_beam_width)
     engine = Engine.for_model(model, kv_cache, allocator, scheduler,
                               max_model_len=max_model_len,
                               eos_token_ids=config.eos_token_ids,

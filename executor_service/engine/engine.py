@@ -16,10 +16,11 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from executor_service.engine.beam_search import BeamSearch
 from executor_service.engine.block_allocator import BlockAllocator
 from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
-from executor_service.engine.request import Request, Sequence, SequenceStatus
+from executor_service.engine.request import Beams, Request, Sequence, SequenceStatus
 from executor_service.engine.request_output import RequestOutput
 from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
@@ -30,7 +31,7 @@ from executor_service.engine.stop_check import finish_reason_after
 from executor_service.engine.token_counts import TokenCounts
 from executor_service.model.causal_lm import CausalLM
 from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
-from pagedserve.protocol.block_ops import FreeOp, OpStatus
+from pagedserve.protocol.block_ops import AppendOp, FreeOp, OpStatus
 from pagedserve.protocol.sampling_params import SamplingParams
 
 
@@ -86,19 +87,44 @@ class Engine:
             raise InvalidArgument(f"the prompt has {len(prompt_token_ids)} tokens; the context "
                                   f"window is {self.max_model_len}, leaving no room to generate")
         params.validate(self.vocab_size)
-        if params.n > self.scheduler.config.max_num_seqs:
-            raise InvalidArgument(f"n = {params.n} choices are more sequences than this "
+        if params.num_sequences > self.scheduler.config.max_num_seqs:
+            what = (f"beam_width = {params.beam_width} beams" if params.beam_search else
+                    f"best_of = {params.best_of} samples" if params.num_sequences > params.n
+                    else f"n = {params.n} choices")
+            raise InvalidArgument(f"{what} are more sequences than this "
                                   f"executor runs at once (max_num_seqs "
                                   f"{self.scheduler.config.max_num_seqs})")
         request = Request(request_id, list(prompt_token_ids), params, cache_salt,
                           arrival=next(self._arrivals))
         generator = None if params.seed is None else \
             make_generator(params.seed, self.runner.device)
-        request.sequences.append(Sequence(f"{request_id}#0", request, 0,
-                                          list(prompt_token_ids), len(prompt_token_ids),
-                                          generator=generator))
+        first = Sequence(f"{request_id}#0", request, 0, list(prompt_token_ids),
+                         len(prompt_token_ids), generator=generator)
+        request.sequences.append(first)
+        if params.beam_search:
+            request.beams = Beams(self._beam_search(params, len(prompt_token_ids)),
+                                  [first] * params.beam_width)
         self.requests[request_id] = request
         self.scheduler.add(request)
+
+    def _beam_search(self, params: SamplingParams, num_prompt_tokens: int) -> BeamSearch:
+        width_limit = self.scheduler.config.max_beam_width
+        if params.beam_width > width_limit:
+            raise InvalidArgument(f"beam_width {params.beam_width} is above this executor's "
+                                  f"maximum ({width_limit}, --max-beam-width)")
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos
+                                              else set(self.eos_token_ids))
+        search = BeamSearch(params.beam_width, length_penalty=params.length_penalty,
+                            early_stopping=params.early_stopping,
+                            num_prompt_tokens=num_prompt_tokens,
+                            max_length=min(num_prompt_tokens + params.max_tokens,
+                                           self.max_model_len),
+                            stop_token_ids=stops, device=self.runner.device)
+        if search.keep > self.vocab_size:
+            raise InvalidArgument(f"beam_width {params.beam_width} with {len(stops)} stop "
+                                  f"tokens needs {search.keep} candidates per step; the "
+                                  f"vocabulary has {self.vocab_size}")
+        return search
 
     def abort(self, request_id: str) -> None:
         """Cancels a request; its blocks go back in the next Step."""
@@ -200,9 +226,15 @@ class Engine:
         rows: list[SamplingRow] = []
         # (sequence, choice index it produces, that choice's generator)
         owners: list[tuple[Sequence, int, torch.Generator | None]] = []
-        for seq in sampled:
+        deciding: dict[str, Request] = {}
+        for position, seq in enumerate(sampled):
             request = seq.request
             if seq.status is not SequenceStatus.RUNNING:
+                continue
+            if request.beams is not None:
+                request.beams.rows[seq] = torch.log_softmax(
+                    logits[position].to(torch.float32), dim=-1)
+                deciding[request.request_id] = request
                 continue
             fanout = request.params.n if seq.index == 0 and not request.forked else 1
             # A fanout's children draw their first token from the parent's history.
@@ -211,6 +243,9 @@ class Engine:
                 generator = seq.generator if index == 0 else self._child_generator(request, index)
                 rows.append(SamplingRow(request.params, (), (), generator, counts))
                 owners.append((seq, index, generator))
+        for request in deciding.values():
+            if request.beams.ready():
+                self._decide_beams(request)
         if not rows:
             return
         positions = {seq: i for i, seq in enumerate(sampled)}
@@ -232,6 +267,73 @@ class Engine:
                 seq.request.forked = True
         for seq, token, logprobs in accepted:
             self._record(seq, token, logprobs)
+
+    def _decide_beams(self, request: Request) -> None:
+        """One beam-search decision, carried out on the sequences: the first continuation of a
+        beam goes on in its sequence, every further one is a child forked from it (the Fork
+        and the children's Appends go in the next Step, sharing every full block and copying
+        only the last, partly filled one), and a beam no continuation chose is freed."""
+        beams = request.beams
+        order = beams.order
+        log_probs = torch.stack([beams.rows[seq] for seq in order])
+        continuations = beams.search.step(log_probs, [seq.output_token_ids for seq in order])
+        beams.rows.clear()
+        request.forked = True
+        if beams.search.done:
+            self._finish_beams(request)
+            return
+        lengths = {seq: len(seq.token_ids) for seq in order}
+        next_order: list[Sequence] = []
+        for continuation in continuations:
+            parent = order[continuation.parent]
+            if parent in next_order:
+                next_order.append(self._fork_beam(parent, lengths[parent], continuation.token_id))
+            else:
+                parent.token_ids.append(continuation.token_id)
+                next_order.append(parent)
+        for seq in set(order) - set(next_order):
+            self.scheduler.finish(seq, "dropped")
+            request.sequences.remove(seq)
+        beams.order = next_order
+
+    def _fork_beam(self, parent: Sequence, length: int, token: int) -> Sequence:
+        """A new beam: the parent's first `length` tokens and `token`. The Fork gives the child
+        the blocks of the tokens the allocator has recorded for the parent, so all `length`
+        must be recorded first (beams send an Append every iteration; only one whose reserve
+        was refused for want of blocks may be a token behind)."""
+        request = parent.request
+        if parent.num_reported < length:
+            self._record_tokens(parent, length)
+        beams = request.beams
+        child = Sequence(f"{request.request_id}#{beams.next_serial}", request, 0,
+                         parent.token_ids[:length] + [token], parent.num_prompt_tokens,
+                         num_computed=length, num_reported=length,
+                         num_cached_tokens=parent.num_cached_tokens, fork_parent=parent)
+        beams.next_serial += 1
+        request.sequences.append(child)
+        return child
+
+    def _record_tokens(self, seq: Sequence, length: int) -> None:
+        """Reports a sequence's computed tokens up to `length` with no reserve, in a Step of
+        its own. Their slots are in its table already and not shared (it computed them), so
+        the allocator needs no block for it."""
+        answer = self.allocator.submit([AppendOp(
+            seq.seq_id, tuple(seq.token_ids[seq.num_reported:length]), 0, length)]
+        ).result().results[0]
+        if answer.status is not OpStatus.OK:
+            raise RuntimeError(f"the allocator refused to record {seq.seq_id}'s computed "
+                               f"tokens: {answer.status.name} {answer.message}")
+        seq.num_reported = length
+
+    def _finish_beams(self, request: Request) -> None:
+        """The search is over: the beams' blocks go back, the best n hypotheses are the
+        request's choices."""
+        request.final_choices = request.beams.search.best(request.params.n)
+        for seq in list(request.sequences):
+            if seq.status is not SequenceStatus.FINISHED:
+                self.scheduler.finish(seq, "dropped")
+        self.outputs.choices(request)
+        self._collect_finished(request)
 
     def _token_counts(self, seq: Sequence) -> TokenCounts:
         if seq.token_counts is None:

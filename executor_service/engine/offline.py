@@ -16,6 +16,9 @@ class Completion:
     # Generated token ids of each choice (n of them).
     choices: list[list[int]] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)
+    # Beam search and best_of: each choice's ranking score and cumulative log-probability.
+    scores: list[float | None] = field(default_factory=list)
+    cumulative_logprobs: list[float | None] = field(default_factory=list)
     usage: Usage | None = None
     error: str | None = None
 
@@ -29,9 +32,9 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]],
     for index, (prompt, request_params) in enumerate(zip(prompts, all_params)):
         request_id = f"offline-{id(completions)}-{index}"
         engine.add_request(request_id, prompt, request_params, cache_salt)
-        completions[request_id] = Completion(request_id,
-                                             [[] for _ in range(request_params.n)],
-                                             [None] * request_params.n)
+        n = request_params.n
+        completions[request_id] = Completion(request_id, [[] for _ in range(n)], [None] * n,
+                                             [None] * n, [None] * n)
     for _ in range(max_steps):
         if not engine.has_work():
             break
@@ -41,6 +44,9 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]],
                 completion.choices[delta.index] += delta.token_ids
                 if delta.finish_reason is not None:
                     completion.finish_reasons[delta.index] = delta.finish_reason
+                if delta.score is not None:
+                    completion.scores[delta.index] = delta.score
+                    completion.cumulative_logprobs[delta.index] = delta.cumulative_logprob
             if output.finished:
                 completion.usage, completion.error = output.usage, output.error
     else:

@@ -29,6 +29,17 @@ class OutputCollector:
                 delta.logprobs = []
             delta.logprobs.append(TokenLogprob(token, logprobs.logprob, logprobs.top))
 
+    def choices(self, request: Request) -> None:
+        """A request whose choices were decided at its end (beam search, best_of): each comes
+        whole, with its tokens, why it ended and its cumulative log-probability."""
+        self._requests[request.request_id] = request
+        deltas = self._deltas.setdefault(request.request_id, {})
+        for index, choice in enumerate(request.final_choices or []):
+            deltas[index] = SequenceDelta(index, list(choice.token_ids),
+                                          finish_reason=choice.finish_reason,
+                                          cumulative_logprob=choice.cumulative_logprob,
+                                          score=choice.score)
+
     def finished(self, seq: Sequence) -> None:
         self._delta(seq).finish_reason = seq.finish_reason
 
@@ -55,6 +66,12 @@ class OutputCollector:
 
 
 def usage(request: Request) -> Usage:
-    return Usage(prompt_tokens=len(request.prompt_token_ids),
-                 completion_tokens=sum(len(seq.output_token_ids) for seq in request.sequences),
-                 cached_tokens=request.sequences[0].num_cached_tokens)
+    """Completion tokens count what is returned: every choice's tokens (the beams and samples
+    a beam search or best_of discarded are not counted)."""
+    if request.final_choices is not None:
+        completion = sum(len(choice.token_ids) for choice in request.final_choices)
+    else:
+        completion = sum(len(seq.output_token_ids) for seq in request.sequences)
+    cached = request.sequences[0].num_cached_tokens if request.sequences else 0
+    return Usage(prompt_tokens=len(request.prompt_token_ids), completion_tokens=completion,
+                 cached_tokens=cached)

@@ -1,6 +1,6 @@
 """A request as the engine holds it, and the sequences it generates (one per choice: n > 1
-forks the rest from the first). Each sequence points back at its request, so the two live
-in one module.
+forks the rest from the first; beam search keeps one per beam). Each sequence points back at
+its request, so the two live in one module.
 
 A sequence holds its tokens, how many have K/V in the cache, and the block
 table the allocator granted it (mirrored here so the forward pass never asks).
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from executor_service.engine.beam_search import BeamSearch, Hypothesis
 from executor_service.engine.token_counts import TokenCounts
 from pagedserve.protocol.sampling_params import SamplingParams
 
@@ -38,6 +39,7 @@ class Sequence:
     seq_id: str
     request: Request
     index: int                                   # the choice index among the request's n
+                                                 # (0 for every beam: beams are not choices)
     token_ids: list[int]
     num_prompt_tokens: int
     generator: torch.Generator | None = None
@@ -110,7 +112,27 @@ class Request:
     cancelled: bool = False
     error: str | None = None
     num_preemptions: int = 0
+    # Beam search: the decisions, and which sequence holds which beam (beams.py).
+    beams: Beams | None = None
+    # The choices as they are returned when they are decided only at the end (beam search,
+    # best_of): best first.
+    final_choices: list[Hypothesis] | None = None
 
     @property
     def finished(self) -> bool:
         return all(seq.status is SequenceStatus.FINISHED for seq in self.sequences)
+
+
+@dataclass(slots=True, eq=False)
+class Beams:
+    """A beam-search request's running beams. `order` lists the sequence holding each beam, in
+    the order of the last decision (best first; at the start every beam is the prompt's one
+    sequence). A beam's next-token log-probabilities wait in `rows` until every beam has
+    them: after a preemption the beams are recomputed separately and finish apart."""
+    search: BeamSearch
+    order: list[Sequence]
+    rows: dict[Sequence, torch.Tensor] = field(default_factory=dict)
+    next_serial: int = 1                         # the next beam's sequence id suffix
+
+    def ready(self) -> bool:
+        return all(seq in self.rows for seq in self.order)

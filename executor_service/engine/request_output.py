@@ -19,6 +19,10 @@ class SequenceDelta:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None     # "stop", "length", "cancelled", "error"
+    # For a choice decided at the end (beam search, best_of): the sum of its tokens'
+    # log-probabilities, and the score it was ranked by (beam search: length-penalised).
+    cumulative_logprob: float | None = None
+    score: float | None = None
 
 
 @dataclass(slots=True)

@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from executor_service.engine.request import Request, Sequence, SequenceStatus
-from executor_service.engine.step_plan import StepPlan
+from executor_service.engine.step_plan import PlannedOp, StepPlan, append_op
 from pagedserve.protocol.block_ops import AllocateOp, ForkOp, OpResult, OpStatus, StepResult
 
 
@@ -63,6 +63,8 @@ class SchedulerConfig:
     # Iterations an allocator Step may be put off while nothing needs its answer (coalesced
     # Steps, see the module's docstring); 1: a Step whenever an iteration has ops.
     step_interval: int = 1
+    # The widest beam search a request may ask for (each beam is a running sequence).
+    max_beam_width: int = 16
 
 
 class Scheduler:
@@ -78,6 +80,8 @@ class Scheduler:
         self.num_stalls = 0
         # Requests an op refused for good (e.g. a prompt larger than the pool), to report.
         self.errored: list[Request] = []
+        # The preempted beam search bringing its beams back in this iteration's plan.
+        self._readmitting: Request | None = None
 
     # -- requests in and out --------------------------------------------------------------------
 
@@ -111,6 +115,7 @@ class Scheduler:
 
     def plan(self) -> StepPlan:
         plan = StepPlan()
+        self._readmitting = None
         # Forks before frees: a parent that finished at its first token still has the blocks
         # its children are forked from.
         for request in self.running:
@@ -141,18 +146,51 @@ class Scheduler:
         plan.ops = []
 
     def _plan_request(self, plan: StepPlan, request: Request, budget: int) -> int:
-        """Plans every sequence of a running request the budget reaches; returns what is left."""
+        """Plans every sequence of a running request the budget reaches; returns what is left.
+        A beam search's decoding beams run together or not at all: the next decision needs
+        every beam's logits."""
+        if request.beams is not None:
+            decoding = sum(seq.is_decoding and seq.status is not SequenceStatus.FINISHED
+                           for seq in request.sequences)
+            if decoding > budget:
+                return budget
         for seq in request.sequences:
             if seq.status is SequenceStatus.FINISHED or budget == 0:
                 continue
+            if not seq.num_uncomputed:
+                # A beam recomputed after a preemption, its logits waiting for its siblings':
+                # its computed mark goes to the allocator, whose prefix cache then holds every
+                # full block of it for the next beam's Allocate.
+                plan.ops.append(PlannedOp(append_op(seq, 0), seq, reported=len(seq.token_ids)))
+                continue
             if seq.status is SequenceStatus.WAITING and seq.fork_parent is None:
+                if request.beams is not None and len(request.sequences) > 1:
+                    # Preempted beam searches come back one at a time, in admission order:
+                    # two taking turns at blocks could each requeue the other forever.
+                    if self._readmitting not in (None, request):
+                        break
+                    self._readmitting = request
+                    if self._beam_recomputing(request):
+                        break
                 plan.allocate(seq, self._admission_reserve)
                 chunk = min(seq.num_uncomputed, budget)
                 plan.work.append((seq, chunk))
+                if request.beams is not None:
+                    budget -= chunk
+                    break
             else:
                 chunk = self._run(plan, seq, budget)
             budget -= chunk
         return budget
+
+    @staticmethod
+    def _beam_recomputing(request: Request) -> bool:
+        """Whether a preempted beam search is still recomputing a beam it admitted again. Its
+        beams come back one at a time: each then finds the blocks its history shares with the
+        beams before it in the prefix cache. Admitted together they would all miss and need
+        more blocks than the search ever held at once."""
+        return any(seq.status is SequenceStatus.RUNNING and seq.num_uncomputed
+                   for seq in request.sequences)
 
     def _run(self, plan: StepPlan, seq: Sequence, budget: int) -> int:
         """Plans one running (or being-forked) sequence; returns the tokens it computes."""
@@ -160,7 +198,8 @@ class Scheduler:
         end = seq.num_computed + chunk
         blocked = seq.fork_parent is not None or seq.may_copy_on_write or \
             seq.capacity(self.config.block_size) < end
-        if self.config.sparse_steps and seq.is_decoding:
+        beam = seq.request.beams is not None
+        if self.config.sparse_steps and seq.is_decoding and not beam:
             # The reserve: the slots past the token written now, one whole block of them.
             reserve = self.config.block_size
             slack = seq.capacity(self.config.block_size) - end
@@ -171,6 +210,9 @@ class Scheduler:
         else:
             lookahead = self.config.lookahead_slots if end == len(seq.token_ids) else 0
             plan.append(seq, lookahead)
+            # A beam reports every token at once and its Step is never put off: a beam chosen
+            # twice is forked, and the Fork must find every token of the parent recorded.
+            plan.urgent |= beam
         if blocked:
             plan.needs_answer = True
             if seq.is_decoding and seq.fork_parent is None and not seq.may_copy_on_write:
@@ -218,7 +260,8 @@ class Scheduler:
                 parent = seq.fork_parent
                 seq.block_table = list(answer.block_table)
                 seq.status, seq.fork_parent = SequenceStatus.RUNNING, None
-                shares_tail = parent.num_prompt_tokens % self.config.block_size != 0
+                # The child shares the blocks of the parent's tokens recorded at the Fork.
+                shares_tail = planned.reported % self.config.block_size != 0
                 seq.may_copy_on_write = parent.may_copy_on_write = shares_tail
             else:
                 self.grown(plan, seq, answer)
@@ -288,7 +331,7 @@ class Scheduler:
 
 
 def seqs_of(request: Request) -> int:
-    """The sequences `request` runs once admitted: its unfinished ones, and the n - 1 choices
-    it forks after its prompt if it has not yet."""
+    """The sequences `request` runs once admitted: its unfinished ones, and the choices (or
+    beams) it forks after its prompt if it has not yet."""
     unfinished = sum(seq.status is not SequenceStatus.FINISHED for seq in request.sequences)
-    return unfinished if request.forked else unfinished + request.params.n - 1
+    return unfinished if request.forked else unfinished + request.params.num_sequences - 1

@@ -10,10 +10,20 @@ Conventions a client might expect otherwise:
   repeat, and the bound keeps penalised logits finite.
 - `logprobs` is the number of top alternatives reported per generated token, at most
   `MAX_LOGPROBS`; 0 reports only the chosen token's logprob, None reports nothing.
+- `beam_width` k > 0 asks for beam search (executor_service/engine/beam_search.py) and `n` of
+  its hypotheses. It scores by the model's own log-probabilities, as transformers' beam search
+  without sampling does, so the sampling fields must be left at their defaults (temperature
+  1.0 or 0, both meaning "the model's distribution"); setting one is refused rather than
+  ignored. `length_penalty` and `early_stopping` mean what they mean in transformers and apply
+  to beam search only.
+- `best_of` samples that many completions and returns the `n` with the highest cumulative
+  log-probability.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 from pagedserve.common.errors import InvalidArgument
 
@@ -29,6 +39,8 @@ MAX_ABS_PRESENCE_FREQUENCY = 2.0
 # OpenAI's cap on top_logprobs; each one costs a top-k over the vocabulary and bytes on the wire.
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1  # a torch.Generator seed is a 64-bit integer; 63 bits keep it positive
+# transformers' three early_stopping settings for beam search.
+EarlyStopping = bool | Literal["never"]
 
 
 class InvalidSamplingParams(InvalidArgument, ValueError):
@@ -60,6 +72,32 @@ class SamplingParams:
     # Keep generating past the model's end-of-sequence tokens (stop_token_ids still stop).
     ignore_eos: bool = False
     logprobs: int | None = None
+    # Beam search with this many beams; 0: sampling (or greedy) as the fields above say.
+    beam_width: int = 0
+    # Beam search: a hypothesis scores sum(logprobs) / generated_length ** length_penalty.
+    length_penalty: float = 1.0
+    # Beam search: stop once `beam_width` hypotheses are finished (True), when the heuristic
+    # says none can improve (False), or only when none can (the "never" setting).
+    early_stopping: EarlyStopping = False
+    # Sample this many completions (at least n) and return the n most likely; None: n.
+    best_of: int | None = None
+
+    @property
+    def beam_search(self) -> bool:
+        return self.beam_width > 0
+
+    @property
+    def num_sequences(self) -> int:
+        """The sequences the request runs at once: its beams, or every sample it draws."""
+        if self.beam_search:
+            return self.beam_width
+        return max(self.n, self.best_of or 0)
+
+    @property
+    def buffered(self) -> bool:
+        """Whether the choices are known only at the end (beam search, best_of > n): nothing
+        streams before then."""
+        return self.beam_search or self.num_sequences > self.n
 
     @property
     def greedy(self) -> bool:
@@ -101,6 +139,34 @@ class SamplingParams:
                    f"stop_token_ids must be in [0, {vocab_size}), got {token_id}")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        _check(self.best_of is None or self.n <= self.best_of <= MAX_N,
+               f"best_of must be between n ({self.n}) and {MAX_N}, got {self.best_of}")
+        _check(isinstance(self.early_stopping, bool) or self.early_stopping == "never",
+               f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
+        _check(math.isfinite(self.length_penalty),
+               f"length_penalty must be a finite number, got {self.length_penalty}")
+        if self.beam_search:
+            self._validate_beam_search()
+        else:
+            _check(self.beam_width == 0, f"beam_width must be >= 0, got {self.beam_width}")
+            _check(self.length_penalty == 1.0 and self.early_stopping is False,
+                   "length_penalty and early_stopping apply only to beam search "
+                   "(set beam_width)")
+
+    def _validate_beam_search(self) -> None:
+        _check(self.n <= self.beam_width,
+               f"n ({self.n}) must not exceed beam_width ({self.beam_width}): beam search "
+               "returns at most its beams")
+        _check(self.best_of is None, "best_of does not combine with beam search")
+        defaults = SamplingParams()
+        for name in ("top_k", "top_p", "min_p", "seed", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty", "logprobs"):
+            _check(getattr(self, name) == getattr(defaults, name),
+                   f"{name} is not supported with beam search (it scores by the model's "
+                   "log-probabilities)")
+        _check(self.temperature in (0.0, 1.0),
+               f"temperature is not supported with beam search (got {self.temperature}; "
+               "only 1.0 or 0, both the model's own distribution)")
 
 
 def _check(ok: bool, message: str) -> None:
