@@ -13,6 +13,7 @@ from executor_service.model.compiled_forward import COMPILE_CHOICES
 from pagedserve.common.allocator_shards import parse_allocator_group
 from pagedserve.common.config import add_server_flags, env_or, server_options
 from pagedserve.common.server import ServerOptions
+from pagedserve.protocol.sampling_params import MAX_N
 
 DEFAULT_PORT = 50053
 ENV_PREFIX = "PAGEDSERVE_EXECUTOR"
@@ -155,6 +156,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
                       ("step_interval", 1), ("max_beam_width", 1)):
         if getattr(args, name) < low:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least {low}")
+    if args.max_beam_width > MAX_N:
+        # Beam sequence ids stay below 2 * width: as short as the n choices' (convert.py).
+        raise SystemExit(f"--max-beam-width must be at most {MAX_N}")
     if args.gpu_memory_utilization is not None:
         args.gpu_memory_utilization = float(args.gpu_memory_utilization)
         if not 0 < args.gpu_memory_utilization <= 1:

@@ -30,6 +30,9 @@ def update_to_proto(output: RequestOutput) -> pb.RequestUpdate:
     for delta in output.deltas:
         completion = update.completions.add(index=delta.index, token_ids=delta.token_ids,
                                             finish_reason=finish_reason_to_proto(delta.finish_reason))
+        if delta.score is not None:
+            completion.cumulative_logprob = delta.cumulative_logprob
+            completion.score = delta.score
         for logprob in delta.logprobs or ():
             completion.logprobs.add(token_id=logprob.token_id, logprob=logprob.logprob,
                                     top=[pb.TopLogprob(token_id=t, logprob=p)

@@ -34,6 +34,10 @@ class ChoiceDelta:
     # "stop", "length", "cancelled" or "error" on the choice's last delta.
     finish_reason: str | None = None
     error: str = ""
+    # Beam search and best_of (the choice comes whole at the end): its summed token
+    # log-probability and the score it was ranked by.
+    cumulative_logprob: float | None = None
+    score: float | None = None
 
 
 class ChoiceStream:

@@ -6,6 +6,7 @@ from gateway.generation import GenerationEvent
 from gateway.generation_request import ChatMessage, GenerationRequest
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.protocol.finish_reason import finish_reason_to_proto
+from pagedserve.protocol.sampling_codec import EARLY_STOPPING
 from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 
@@ -26,7 +27,11 @@ def sampling_from_proto(message: pb.SamplingOptions) -> SamplingParams:
         frequency_penalty=_optional(message, "frequency_penalty", 0.0),
         stop_token_ids=tuple(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
-        logprobs=_optional(message, "logprobs", None))
+        logprobs=_optional(message, "logprobs", None),
+        beam_width=_optional(message, "beam_width", 0),
+        length_penalty=_optional(message, "length_penalty", 1.0),
+        early_stopping=EARLY_STOPPING.get(message.early_stopping, False),
+        best_of=_optional(message, "best_of", None))
 
 
 def chat_from_proto(message: pb.ChatPrompt) -> tuple[tuple[ChatMessage, ...], bool]:
@@ -62,6 +67,8 @@ def choice_to_proto(delta: ChoiceDelta) -> pb.ChoiceDelta:
     message = pb.ChoiceDelta(index=delta.index, text=delta.text, token_ids=delta.token_ids,
                              finish_reason=finish_reason_to_proto(delta.finish_reason),
                              error=delta.error)
+    if delta.score is not None:
+        message.cumulative_logprob, message.score = delta.cumulative_logprob, delta.score
     for entry in delta.logprobs:
         message.logprobs.add(token_id=entry.token_id, token=entry.token, logprob=entry.logprob,
                              top=[pb.TopLogprob(token_id=top.token_id, token=top.token,

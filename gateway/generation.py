@@ -173,8 +173,12 @@ class Generator:
             choice = choices[completion.index]
             if choice.finished:   # stopped by a stop string; the executor goes on for now
                 continue
-            event.choices.append(choice.advance(list(completion.token_ids),
-                                                completion.logprobs, completion.finish_reason))
+            delta = choice.advance(list(completion.token_ids), completion.logprobs,
+                                   completion.finish_reason)
+            if completion.HasField("score"):
+                delta.cumulative_logprob = completion.cumulative_logprob
+                delta.score = completion.score
+            event.choices.append(delta)
         if all(choice.finished for choice in choices) and not update.finished:
             link.cancel(request_id)   # every choice hit a stop string
         if update.finished:           # the executor ended choices the gateway had not

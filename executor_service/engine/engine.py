@@ -304,12 +304,14 @@ class Engine:
         request = parent.request
         if parent.num_reported < length:
             self._record_tokens(parent, length)
-        beams = request.beams
-        child = Sequence(f"{request.request_id}#{beams.next_serial}", request, 0,
-                         parent.token_ids[:length] + [token], parent.num_prompt_tokens,
-                         num_computed=length, num_reported=length,
+        # The lowest id no live beam and no beam still to be freed holds: ids stay below
+        # 2 * width, as short as the choices' (the allocator bounds id lengths).
+        taken = {seq.seq_id for seq in request.sequences} | set(self.scheduler.pending_frees)
+        seq_id = next(f"{request.request_id}#{serial}" for serial in itertools.count(1)
+                      if f"{request.request_id}#{serial}" not in taken)
+        child = Sequence(seq_id, request, 0, parent.token_ids[:length] + [token],
+                         parent.num_prompt_tokens, num_computed=length, num_reported=length,
                          num_cached_tokens=parent.num_cached_tokens, fork_parent=parent)
-        beams.next_serial += 1
         request.sequences.append(child)
         return child
 

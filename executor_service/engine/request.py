@@ -132,7 +132,6 @@ class Beams:
     search: BeamSearch
     order: list[Sequence]
     rows: dict[Sequence, torch.Tensor] = field(default_factory=dict)
-    next_serial: int = 1                         # the next beam's sequence id suffix
 
     def ready(self) -> bool:
         return all(seq in self.rows for seq in self.order)

@@ -7,8 +7,10 @@ developer, read as system; content a string or an array of text parts), max_toke
 max_completion_tokens, which wins when both are given), n, temperature, top_p, presence_penalty,
 frequency_penalty, seed, stop, logprobs (chat: a boolean with top_logprobs), stream,
 stream_options.include_usage. Extensions, spelled as vLLM spells them: top_k (-1 or 0: off),
-min_p, repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens, cache_salt, and
-add_generation_prompt (chat).
+min_p, repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens, cache_salt,
+add_generation_prompt (chat), and beam search as vLLM's server takes it: use_beam_search with n
+as the width (all n hypotheses returned, best first), length_penalty and early_stopping (true,
+false or "never", transformers' meanings).
 
 Defaults: model "" (the only model served), max_tokens 16 for completions (OpenAI's) and none for
 chat (up to the context window), n 1, temperature 1, top_p 1, top_k off, min_p 0, penalties 0
@@ -123,7 +125,8 @@ def parse_chat_request(body: object) -> OpenAIRequest:
 KNOWN_PARAMS = frozenset({
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "temperature",
     "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty",
-    "frequency_penalty", "stop", "stop_token_ids", "logprobs", "top_logprobs", "cache_salt"})
+    "frequency_penalty", "stop", "stop_token_ids", "logprobs", "top_logprobs", "cache_salt",
+    "length_penalty", "early_stopping"})
 _LEADING_FIELD = re.compile(r"([a-z_]+)(?:\[\d+\]|\.[a-z_]+)*")
 
 
@@ -281,8 +284,16 @@ def _common(fields: _Fields, logprobs: int | None) -> dict[str, Any]:
 def _sampling(fields: _Fields, logprobs: int | None) -> SamplingParams:
     top_k = fields.get("top_k", 0, "integer")
     stop_token_ids = fields.get("stop_token_ids", [], "array")
+    n = fields.get("n", 1, "integer")
+    early_stopping = fields.get("early_stopping", False, "boolean", "string")
+    if isinstance(early_stopping, str) and early_stopping != "never":
+        raise OpenAIParamError(f'early_stopping must be true, false or "never", got '
+                               f"{early_stopping!r}", "early_stopping")
     return SamplingParams(
-        n=fields.get("n", 1, "integer"),
+        n=n,
+        beam_width=n if fields.get("use_beam_search", False, "boolean") else 0,
+        length_penalty=fields.number("length_penalty", 1.0),
+        early_stopping=early_stopping,
         temperature=fields.number("temperature", 1.0),
         top_k=0 if top_k == -1 else top_k,    # vLLM's "off"; SamplingParams knows only 0
         top_p=fields.number("top_p", 1.0),

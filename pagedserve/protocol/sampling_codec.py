@@ -4,7 +4,16 @@ the proto documents for a field left unset (a client of its own may leave them).
 from __future__ import annotations
 
 from pagedserve.executor.v1 import executor_pb2 as pb
-from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, EarlyStopping, SamplingParams
+
+# The proto's EarlyStopping values (the gateway's enum has the same numbers) and
+# transformers' early_stopping settings they stand for.
+EARLY_STOPPING = {0: False, 1: True, 2: "never"}
+
+
+def early_stopping_to_proto(value: EarlyStopping) -> int:
+    return next(number for number, setting in EARLY_STOPPING.items()
+                if setting == value and type(setting) is type(value))
 
 
 def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
@@ -13,7 +22,10 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
         top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
         repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, stop_token_ids=params.stop_token_ids,
-        ignore_eos=params.ignore_eos)
+        ignore_eos=params.ignore_eos, beam_width=params.beam_width,
+        length_penalty=params.length_penalty,
+        early_stopping=early_stopping_to_proto(params.early_stopping),
+        best_of=params.best_of or 0)
     if params.seed is not None:
         message.seed = params.seed
     if params.logprobs is not None:
@@ -38,4 +50,9 @@ def sampling_from_proto(message: pb.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
         logprobs=message.logprobs if message.HasField("logprobs") else None,
+        beam_width=message.beam_width,
+        length_penalty=(message.length_penalty if message.HasField("length_penalty")
+                        else 1.0),
+        early_stopping=EARLY_STOPPING.get(message.early_stopping, False),
+        best_of=message.best_of or None,
     )

@@ -100,6 +100,48 @@ def test_n_2_and_logprobs_over_http(client):
                for entry in content)
 
 
+def test_beam_search_over_http_and_grpc(stack, client):
+    """vLLM's spelling over HTTP (use_beam_search, n as the width) and the gateway's gRPC
+    beam_width give the same hypotheses, best first, whole at the end; the beams' blocks all
+    come back and the allocator's audit stays clean."""
+    allocator, gateway = stack
+    beam = dict(temperature=0, extra_body={"use_beam_search": True, "ignore_eos": True,
+                                           "length_penalty": 0.5, "early_stopping": True})
+    whole = client.completions.create(model=MODEL, prompt="Beams over", max_tokens=8, n=4,
+                                      **beam)
+    texts = [choice.text for choice in whole.choices]
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3] and len(set(texts)) == 4
+    assert whole.usage.completion_tokens == 4 * 8
+    stub = pb_grpc.GatewayStub(gateway.channel())
+    sampling = pb.SamplingOptions(max_tokens=8, n=4, beam_width=4, temperature=0,
+                                  ignore_eos=True, length_penalty=0.5,
+                                  early_stopping=pb.EARLY_STOPPING_TRUE)
+    responses = list(stub.Generate(pb.GenerateRequest(text="Beams over", sampling=sampling),
+                                   timeout=60, metadata=[("authorization", f"Bearer {KEY}")]))
+    choices = sorted((c for r in responses for c in r.choices), key=lambda c: c.index)
+    assert [c.text for c in choices] == texts
+    scores = [c.score for c in choices]
+    assert scores == sorted(scores, reverse=True)
+    assert all(c.cumulative_logprob == pytest.approx(c.score * 8 ** 0.5, rel=1e-5)
+               for c in choices)
+    streamed = list(client.completions.create(model=MODEL, prompt="Beams over", max_tokens=8,
+                                              n=4, stream=True, **beam))
+    assert {c.choices[0].index: c.choices[0].text for c in streamed
+            if c.choices and c.choices[0].text} == dict(enumerate(texts))
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                                                  "content": "hi"}],
+                                          max_tokens=5, n=2, **beam)
+    assert len(chat.choices) == 2
+    with pytest.raises(openai.BadRequestError, match="top_p is not supported with beam"):
+        client.completions.create(model=MODEL, prompt="x", n=2, top_p=0.5, **beam)
+    with pytest.raises(openai.BadRequestError, match="early_stopping must be"):
+        client.completions.create(model=MODEL, prompt="x", n=2, temperature=0,
+                                  extra_body={"use_beam_search": True, "early_stopping": "soon"})
+    wait_for(lambda: used_blocks(allocator) == 0)
+    audit = pagedctl_audit(allocator)
+    assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout
+
+
 def test_models_list_and_retrieve(client):
     (model,) = client.models.list().data
     assert model.id == MODEL
