@@ -16,8 +16,8 @@ Conventions a client might expect otherwise:
   1.0 or 0, both meaning "the model's distribution"); setting one is refused rather than
   ignored. `length_penalty` and `early_stopping` mean what they mean in transformers and apply
   to beam search only.
-- `best_of` samples that many completions and returns the `n` with the highest cumulative
-  log-probability.
+- `best_of` is carried by the protocol but only `best_of == n` is accepted so far (sampling
+  more and returning the most likely is not built yet).
 """
 from __future__ import annotations
 
@@ -141,6 +141,10 @@ class SamplingParams:
                f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         _check(self.best_of is None or self.n <= self.best_of <= MAX_N,
                f"best_of must be between n ({self.n}) and {MAX_N}, got {self.best_of}")
+        # The wire carries it, the engine does not yet pick the best of more samples.
+        _check(self.best_of is None or self.best_of == self.n,
+               f"best_of is not supported yet other than equal to n ({self.n}), got "
+               f"{self.best_of}")
         _check(isinstance(self.early_stopping, bool) or self.early_stopping == "never",
                f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
         _check(math.isfinite(self.length_penalty),
