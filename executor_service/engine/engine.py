@@ -88,8 +88,7 @@ class Engine:
                                   f"window is {self.max_model_len}, leaving no room to generate")
         params.validate(self.vocab_size)
         if params.num_sequences > self.scheduler.config.max_num_seqs:
-            what = (f"beam_width = {params.beam_width} beams" if params.beam_search else
-                    f"best_of = {params.best_of} samples" if params.num_sequences > params.n
+            what = (f"beam_width = {params.beam_width} beams" if params.beam_search
                     else f"n = {params.n} choices")
             raise InvalidArgument(f"{what} are more sequences than this "
                                   f"executor runs at once (max_num_seqs "

@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from executor_service.engine.request import Request, Sequence, SequenceStatus
-from executor_service.engine.step_plan import PlannedOp, StepPlan, append_op
+from executor_service.engine.step_plan import StepPlan
 from pagedserve.protocol.block_ops import AllocateOp, ForkOp, OpResult, OpStatus, StepResult
 
 
@@ -161,7 +161,7 @@ class Scheduler:
                 # A beam recomputed after a preemption, its logits waiting for its siblings':
                 # its computed mark goes to the allocator, whose prefix cache then holds every
                 # full block of it for the next beam's Allocate.
-                plan.ops.append(PlannedOp(append_op(seq, 0), seq, reported=len(seq.token_ids)))
+                plan.append(seq, 0)
                 continue
             if seq.status is SequenceStatus.WAITING and seq.fork_parent is None:
                 if request.beams is not None and len(request.sequences) > 1:

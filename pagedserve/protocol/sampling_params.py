@@ -88,16 +88,8 @@ class SamplingParams:
 
     @property
     def num_sequences(self) -> int:
-        """The sequences the request runs at once: its beams, or every sample it draws."""
-        if self.beam_search:
-            return self.beam_width
-        return max(self.n, self.best_of or 0)
-
-    @property
-    def buffered(self) -> bool:
-        """Whether the choices are known only at the end (beam search, best_of > n): nothing
-        streams before then."""
-        return self.beam_search or self.num_sequences > self.n
+        """The sequences the request runs at once: its beams, or its n choices."""
+        return self.beam_width if self.beam_search else self.n
 
     @property
     def greedy(self) -> bool:
