@@ -91,3 +91,46 @@ def test_streams_finish_identically_across_an_allocator_kill(durable, tmp_path, 
 
 def info(executor: ExecutorProcess) -> pb.ExecutorInfo:
     return pb_grpc.ExecutorStub(executor.channel()).GetInfo(pb.GetInfoRequest())
+
+
+@pytest.mark.skipif(shutil.which(REDIS_SERVER) is None, reason="redis-server is not installed")
+def test_beam_search_ends_with_the_same_hypotheses_across_an_allocator_kill(tmp_path, request):
+    """kill -9 of a durable allocator while beams fork and free every iteration: the executor
+    retries its Steps against the recovered pool and the search returns the hypotheses, and
+    scores, an undisturbed engine gives, with every block back and the audit clean."""
+    state = ("--state-url", request.getfixturevalue("redis_server").url)
+    cache = tmp_path / "cache"
+    beam = dict(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, n=4, beam_width=4)
+    allocator = AllocatorProcess(*state)
+    try:
+        with ExecutorProcess("--allocator", allocator.target, "--num-blocks", "256",
+                             env={"PAGEDSERVE_CACHE_DIR": str(cache)}) as executor:
+            stream = Stream(executor)
+            stream.submit("beams", PROMPTS["first"], **beam)
+            # A greedy neighbour streams, so its first token says the beams are decoding too.
+            stream.submit("marker", PROMPTS["second"], max_tokens=MAX_TOKENS, temperature=0,
+                          ignore_eos=True)
+            while (first := stream.updates.get(timeout=60)).request_id != "marker":
+                assert not first.finished, "the search ended before the allocator was killed"
+            epoch = info(executor).epoch
+            allocator.process.kill()
+            allocator.stop()
+            time.sleep(1.0)
+            allocator = AllocatorProcess(*state, "--port", str(allocator.port))
+            updates = stream.until_all_finished(["beams"], timeout_s=180)["beams"]
+            stream.close()
+
+            engine = build_engine(embedded_model_dir(cache), EngineOptions(num_blocks=256),
+                                  LocalBlockAllocator())
+            [expected] = generate(engine, [PROMPTS["first"]], SamplingParams(**beam))
+            assert not updates[-1].error, updates[-1].error
+            assert info(executor).epoch == epoch   # the recovered pool, not a new registration
+            got = [tokens_of(updates, index) for index in range(4)]
+            assert got == expected.choices
+            scores = [c.score for u in updates for c in u.completions]
+            assert scores == pytest.approx(expected.scores, rel=1e-5, abs=1e-4)
+            wait_for(lambda: used_blocks(allocator) == 0)
+            audit = pagedctl_audit(allocator)
+            assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout
+    finally:
+        allocator.stop()
