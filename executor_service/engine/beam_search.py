@@ -34,6 +34,8 @@ from typing import Literal
 
 import torch
 
+from executor_service.engine.request_output import TokenLogprob
+
 EarlyStopping = bool | Literal["never"]
 # transformers' stand-in for "minus infinity" in scores: added, not assigned, so an excluded
 # entry still orders as the arithmetic gives it.
@@ -43,11 +45,14 @@ EXCLUDED = -1.0e9
 @dataclass(slots=True)
 class Hypothesis:
     """A finished beam: the tokens it generated (the stop token included), its summed
-    log-probability and its length-penalised score."""
+    log-probability and its length-penalised score. The engine also ranks best_of samples as
+    hypotheses (scored by the summed log-probability), with their tokens' logprobs when the
+    request asks for them."""
     token_ids: list[int]
     cumulative_logprob: float
     score: float
     finish_reason: str                   # "stop" or "length"
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

@@ -16,12 +16,12 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from executor_service.engine.beam_search import BeamSearch
+from executor_service.engine.beam_search import BeamSearch, Hypothesis
 from executor_service.engine.block_allocator import BlockAllocator
 from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Beams, Request, Sequence, SequenceStatus
-from executor_service.engine.request_output import RequestOutput
+from executor_service.engine.request_output import RequestOutput, TokenLogprob
 from executor_service.engine.sampler import Sampler, SamplingRow, child_seed, make_generator
 from executor_service.engine.scheduler import Scheduler, SchedulerConfig
 from executor_service.engine.stages import ForwardPass, TokenSampler
@@ -89,6 +89,7 @@ class Engine:
         params.validate(self.vocab_size)
         if params.num_sequences > self.scheduler.config.max_num_seqs:
             what = (f"beam_width = {params.beam_width} beams" if params.beam_search
+                    else f"best_of = {params.best_of} samples" if params.ranks_samples
                     else f"n = {params.n} choices")
             raise InvalidArgument(f"{what} are more sequences than this "
                                   f"executor runs at once (max_num_seqs "
@@ -235,7 +236,8 @@ class Engine:
                     logits[position].to(torch.float32), dim=-1)
                 deciding[request.request_id] = request
                 continue
-            fanout = request.params.n if seq.index == 0 and not request.forked else 1
+            fanout = (request.params.num_sequences if seq.index == 0 and not request.forked
+                      else 1)
             # A fanout's children draw their first token from the parent's history.
             counts = self._token_counts(seq) if request.params.has_penalties else None
             for index in range(fanout):
@@ -336,6 +338,17 @@ class Engine:
         self.outputs.choices(request)
         self._collect_finished(request)
 
+    def _rank_samples(self, request: Request) -> None:
+        """best_of: every sample has finished; the n with the highest summed log-probability
+        are the choices, best first (the earlier sample first on a tie)."""
+        samples = sorted(request.sequences, key=lambda seq: (-seq.cumulative_logprob, seq.index))
+        request.final_choices = [
+            Hypothesis(seq.output_token_ids, seq.cumulative_logprob, seq.cumulative_logprob,
+                       seq.finish_reason, seq.logprobs if request.params.logprobs is not None
+                       else None)
+            for seq in samples[:request.params.n]]
+        self.outputs.choices(request)
+
     def _token_counts(self, seq: Sequence) -> TokenCounts:
         if seq.token_counts is None:
             seq.token_counts = TokenCounts(self.vocab_size, seq.request.prompt_token_ids,
@@ -364,6 +377,11 @@ class Engine:
 
     def _record(self, seq: Sequence, token: int, logprobs) -> None:
         self.outputs.token(seq, token, logprobs)
+        params = seq.request.params
+        if params.ranks_samples:
+            seq.cumulative_logprob += logprobs.logprob
+            if params.logprobs is not None:
+                seq.logprobs.append(TokenLogprob(token, logprobs.logprob, logprobs.top))
         num_tokens = len(seq.token_ids)
         reason = finish_reason_after(seq.request.params, token,
                                      num_tokens - seq.num_prompt_tokens, self.eos_token_ids,
@@ -375,6 +393,8 @@ class Engine:
 
     def _collect_finished(self, request: Request) -> None:
         if request.finished and request.request_id in self.requests:
+            if request.params.ranks_samples and not request.cancelled and request.error is None:
+                self._rank_samples(request)
             for seq in request.sequences:
                 if seq.finish_reason == "error":
                     self.outputs.finished(seq)

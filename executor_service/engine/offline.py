@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from executor_service.engine.engine import Engine
-from executor_service.engine.request_output import Usage
+from executor_service.engine.request_output import TokenLogprob, Usage
 from pagedserve.protocol.sampling_params import SamplingParams
 
 
@@ -19,6 +19,8 @@ class Completion:
     # Beam search and best_of: each choice's ranking score and cumulative log-probability.
     scores: list[float | None] = field(default_factory=list)
     cumulative_logprobs: list[float | None] = field(default_factory=list)
+    # Each choice's tokens' logprobs, when the params ask for them.
+    logprobs: list[list[TokenLogprob]] = field(default_factory=list)
     usage: Usage | None = None
     error: str | None = None
 
@@ -34,7 +36,7 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]],
         engine.add_request(request_id, prompt, request_params, cache_salt)
         n = request_params.n
         completions[request_id] = Completion(request_id, [[] for _ in range(n)], [None] * n,
-                                             [None] * n, [None] * n)
+                                             [None] * n, [None] * n, [[] for _ in range(n)])
     for _ in range(max_steps):
         if not engine.has_work():
             break
@@ -42,6 +44,7 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]],
             completion = completions[output.request_id]
             for delta in output.deltas:
                 completion.choices[delta.index] += delta.token_ids
+                completion.logprobs[delta.index] += delta.logprobs or []
                 if delta.finish_reason is not None:
                     completion.finish_reasons[delta.index] = delta.finish_reason
                 if delta.score is not None:

@@ -22,6 +22,8 @@ class OutputCollector:
         return deltas[seq.index]
 
     def token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
+        if seq.request.params.ranks_samples:
+            return   # a best_of sample: reported whole, if it ranks, by choices()
         delta = self._delta(seq)
         delta.token_ids.append(token)
         if logprobs is not None:
@@ -38,9 +40,15 @@ class OutputCollector:
             deltas[index] = SequenceDelta(index, list(choice.token_ids),
                                           finish_reason=choice.finish_reason,
                                           cumulative_logprob=choice.cumulative_logprob,
-                                          score=choice.score)
+                                          score=choice.score, logprobs=choice.logprobs)
 
     def finished(self, seq: Sequence) -> None:
+        params = seq.request.params
+        if params.ranks_samples and (seq.index >= params.n or seq.finish_reason in ("stop",
+                                                                                     "length")):
+            # A best_of sample's natural end is reported with the ranked choices; a cancel or
+            # an error is reported for the n choices the client asked for.
+            return
         self._delta(seq).finish_reason = seq.finish_reason
 
     def request_done(self, request: Request) -> None:

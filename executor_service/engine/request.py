@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from executor_service.engine.beam_search import BeamSearch, Hypothesis
+from executor_service.engine.request_output import TokenLogprob
 from executor_service.engine.token_counts import TokenCounts
 from pagedserve.protocol.sampling_params import SamplingParams
 
@@ -57,7 +58,10 @@ class Sequence:
     # Set on a child of an `n > 1` request until the Fork that gives it its parent's blocks.
     fork_parent: Sequence | None = None
     finish_reason: str | None = None
-    logprobs: list = field(default_factory=list)
+    # A best_of sample, whose tokens are reported only if it ranks among the n best: the sum
+    # of its tokens' logprobs, and each token's logprobs where the request asks for them.
+    cumulative_logprob: float = 0.0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     # The penalties' token counts, made at the first sampling of a request that has any.
     token_counts: TokenCounts | None = None
 

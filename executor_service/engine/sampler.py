@@ -65,7 +65,7 @@ class TokenLogprobs:
 class SampleOutput:
     # Row i's next token.
     token_ids: list[int]
-    # Row i's logprobs; None where its params.logprobs is None.
+    # Row i's logprobs; None where its params need none (needs_token_logprobs).
     logprobs: list[TokenLogprobs | None]
 
 
@@ -105,7 +105,7 @@ class Sampler:
         device = logits.device
         apply_penalties(logits, rows)
 
-        logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        logprob_rows = [i for i, row in enumerate(rows) if row.params.needs_token_logprobs]
         logprobs = (torch.log_softmax(logits[_index(logprob_rows, device)], dim=-1)
                     if logprob_rows else None)
 

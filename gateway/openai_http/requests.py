@@ -10,7 +10,9 @@ stream_options.include_usage. Extensions, spelled as vLLM spells them: top_k (-1
 min_p, repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens, cache_salt,
 add_generation_prompt (chat), and beam search as vLLM's server takes it: use_beam_search with n
 as the width (all n hypotheses returned, best first), length_penalty and early_stopping (true,
-false or "never", transformers' meanings).
+false or "never", transformers' meanings). best_of (completions as OpenAI documents it, chat as
+vLLM used to take it): sample best_of, return the n with the highest cumulative log-probability;
+like beam search, its choices come whole at the end, also when streamed.
 
 Defaults: model "" (the only model served), max_tokens 16 for completions (OpenAI's) and none for
 chat (up to the context window), n 1, temperature 1, top_p 1, top_k off, min_p 0, penalties 0
@@ -18,7 +20,7 @@ chat (up to the context window), n 1, temperature 1, top_p 1, top_k off, min_p 0
 A field set to null reads as not given.
 
 Refused as unsupported, naming the field: logit_bias (non-empty); completions echo, suffix
-(non-empty), best_of other than 1 or n; chat tools, functions, tool_choice other than "none",
+(non-empty); chat tools, functions, tool_choice other than "none",
 response_format other than text, messages carrying tool_calls or function_call; batched prompts;
 content parts other than text.
 
@@ -75,11 +77,6 @@ def parse_completion_request(body: object) -> OpenAIRequest:
         raise _unsupported("echo", "the response holds only the completion, not the prompt")
     if fields.get("suffix", "", "string"):
         raise _unsupported("suffix", "there is no fill-in-the-middle")
-    n = fields.get("n", 1, "integer")
-    best_of = fields.get("best_of", None, "integer")
-    if best_of not in (None, 1, n):
-        raise OpenAIParamError(f"best_of is not supported (got {best_of} with n {n}): ask for "
-                               "n completions and choose among them", "best_of")
     text, token_ids = _prompt(fields.required("prompt"))
     logprobs = fields.get("logprobs", None, "integer")
     generation = GenerationRequest(
@@ -126,7 +123,7 @@ KNOWN_PARAMS = frozenset({
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "temperature",
     "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty",
     "frequency_penalty", "stop", "stop_token_ids", "logprobs", "top_logprobs", "cache_salt",
-    "length_penalty", "early_stopping"})
+    "length_penalty", "early_stopping", "best_of"})
 _LEADING_FIELD = re.compile(r"([a-z_]+)(?:\[\d+\]|\.[a-z_]+)*")
 
 
@@ -292,6 +289,7 @@ def _sampling(fields: _Fields, logprobs: int | None) -> SamplingParams:
     return SamplingParams(
         n=n,
         beam_width=n if fields.get("use_beam_search", False, "boolean") else 0,
+        best_of=fields.get("best_of", None, "integer"),
         length_penalty=fields.number("length_penalty", 1.0),
         early_stopping=early_stopping,
         temperature=fields.number("temperature", 1.0),

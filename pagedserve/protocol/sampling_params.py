@@ -16,8 +16,10 @@ Conventions a client might expect otherwise:
   1.0 or 0, both meaning "the model's distribution"); setting one is refused rather than
   ignored. `length_penalty` and `early_stopping` mean what they mean in transformers and apply
   to beam search only.
-- `best_of` is carried by the protocol but only `best_of == n` is accepted so far (sampling
-  more and returning the most likely is not built yet).
+- `best_of` > n samples that many completions and returns the n with the highest cumulative
+  log-probability (the sum of the logprobs the `logprobs` field reports: the model's
+  distribution after penalties, before temperature and truncation). It needs sampling: with
+  temperature 0 every sample would be the same one, so that is refused.
 """
 from __future__ import annotations
 
@@ -87,9 +89,24 @@ class SamplingParams:
         return self.beam_width > 0
 
     @property
+    def ranks_samples(self) -> bool:
+        """Whether more completions are sampled than returned (best_of > n): then the choices
+        are decided only when every sample has finished."""
+        return self.best_of is not None and self.best_of > self.n
+
+    @property
     def num_sequences(self) -> int:
-        """The sequences the request runs at once: its beams, or its n choices."""
-        return self.beam_width if self.beam_search else self.n
+        """The sequences the request runs at once: its beams, its best_of samples, or its n
+        choices."""
+        if self.beam_search:
+            return self.beam_width
+        return self.best_of if self.ranks_samples else self.n
+
+    @property
+    def needs_token_logprobs(self) -> bool:
+        """Whether the sampler must report each chosen token's logprob: asked for, or summed
+        to rank best_of samples."""
+        return self.logprobs is not None or self.ranks_samples
 
     @property
     def greedy(self) -> bool:
@@ -133,10 +150,9 @@ class SamplingParams:
                f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         _check(self.best_of is None or self.n <= self.best_of <= MAX_N,
                f"best_of must be between n ({self.n}) and {MAX_N}, got {self.best_of}")
-        # The wire carries it, the engine does not yet pick the best of more samples.
-        _check(self.best_of is None or self.best_of == self.n,
-               f"best_of is not supported yet other than equal to n ({self.n}), got "
-               f"{self.best_of}")
+        _check(not self.ranks_samples or self.temperature > 0,
+               f"best_of ({self.best_of}) above n needs sampling (temperature > 0): greedy "
+               "samples are all the same")
         _check(isinstance(self.early_stopping, bool) or self.early_stopping == "never",
                f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
         _check(math.isfinite(self.length_penalty),

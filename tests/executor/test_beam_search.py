@@ -194,8 +194,7 @@ def test_shared_blocks_and_copies(tmp_path):
     (SamplingParams(early_stopping=True), "apply only to beam search"),
     (SamplingParams(beam_width=2, early_stopping="always"), "early_stopping must be"),
     (SamplingParams(beam_width=-1), "beam_width must be >= 0"),
-    (SamplingParams(beam_width=2, best_of=2), "best_of is not supported yet"),
-    (SamplingParams(n=2, best_of=3), "best_of is not supported yet"),
+    (SamplingParams(beam_width=2, best_of=2), "best_of does not combine with beam search"),
 ])
 def test_bad_beam_parameters_are_refused_by_name(params, field):
     with pytest.raises(InvalidSamplingParams, match=re.escape(field)):

@@ -142,6 +142,29 @@ def test_beam_search_over_http_and_grpc(stack, client):
     assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout
 
 
+def test_best_of_returns_the_most_likely_samples(stack, client):
+    """best_of 4, n 2 over HTTP returns the two of the four seeded samples (what n 4 with that
+    seed draws) whose token logprobs sum highest, best first; streamed, the same two come whole
+    at the end."""
+    allocator, _ = stack
+    sampled = dict(model=MODEL, prompt="Pick the best", max_tokens=6, temperature=1.0, seed=7,
+                   logprobs=0, extra_body={"ignore_eos": True})
+    four = client.completions.create(n=4, **sampled)
+    likelihood = [sum(c.logprobs.token_logprobs) for c in four.choices]
+    assert len(set(likelihood)) > 1, "the samples should differ"
+    ranked = sorted(range(4), key=lambda index: -likelihood[index])[:2]
+    best = client.completions.create(n=2, best_of=4, **sampled)
+    assert [c.text for c in best.choices] == [four.choices[index].text for index in ranked]
+    assert best.usage.completion_tokens == 2 * 6
+    streamed = list(client.completions.create(n=2, best_of=4, stream=True, **sampled))
+    assert {c.choices[0].index: c.choices[0].text for c in streamed
+            if c.choices and c.choices[0].text} == {c.index: c.text for c in best.choices}
+    with pytest.raises(openai.BadRequestError, match="best_of .* needs sampling") as refused:
+        client.completions.create(model=MODEL, prompt="x", best_of=2, temperature=0)
+    assert refused.value.body["param"] == "best_of"
+    wait_for(lambda: used_blocks(allocator) == 0)
+
+
 def test_models_list_and_retrieve(client):
     (model,) = client.models.list().data
     assert model.id == MODEL

@@ -274,8 +274,6 @@ def test_include_usage_must_be_a_boolean() -> None:
 @pytest.mark.parametrize("fields, param, phrase", [
     ({"echo": True}, "echo", "echo is not supported"),
     ({"suffix": "end"}, "suffix", "suffix is not supported"),
-    ({"best_of": 3}, "best_of", "best_of is not supported"),
-    ({"n": 2, "best_of": 3}, "best_of", "best_of is not supported"),
     ({"logit_bias": {"50256": -100}}, "logit_bias", "logit_bias is not supported"),
 ])
 def test_unsupported_completion_features_are_refused(fields, param, phrase) -> None:
@@ -285,9 +283,14 @@ def test_unsupported_completion_features_are_refused(fields, param, phrase) -> N
 
 
 def test_harmless_values_of_unsupported_completion_features_are_accepted() -> None:
-    request = completion(echo=False, suffix="", best_of=2, n=2, logit_bias={})
-    assert request.generation.sampling.n == 2
-    assert completion(best_of=1).generation.sampling.n == 1
+    request = completion(echo=False, suffix="", logit_bias={})
+    assert request.generation.sampling.n == 1
+
+
+def test_best_of_reaches_the_sampling_params() -> None:
+    sampling = completion(best_of=3, n=2).generation.sampling
+    assert (sampling.n, sampling.best_of, sampling.num_sequences) == (2, 3, 3)
+    assert completion(best_of=1).generation.sampling.num_sequences == 1
 
 
 @pytest.mark.parametrize("fields, param, phrase", [
