@@ -22,7 +22,7 @@ TORCH_VERSION := 2.13.0
 TORCH_BACKEND ?= auto
 
 .PHONY: run test protos check-protos redis-server clean bench bench-kernels bench-gpu docs soak \
-        bench-peers device-wheels
+        bench-peers bench-beam device-wheels
 
 # torch first and alone (--no-deps: only torch itself is looked up on PyTorch's index), so the
 # project's install below finds it satisfied and fetches its dependencies from the registry.
@@ -87,6 +87,11 @@ soak: $(INSTALLED) redis-server
 # `## Peers` and its plot. About 20 minutes on 2 cores; not part of `make bench`.
 bench-peers: $(INSTALLED)
 	$(BIN)/python -m bench.peers
+
+# Beam search against transformers and vLLM (installs the peer like bench-peers); rewrites
+# `## Beam search` and its plot.
+bench-beam: $(INSTALLED)
+	$(BIN)/python -m bench.beam
 
 # Needs a CUDA GPU (without one it says so and exits 2); rewrites `## Kernels` and its plot.
 bench-kernels: $(INSTALLED)

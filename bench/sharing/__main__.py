@@ -11,7 +11,7 @@ workload.py says what "shared" and "not shared" submit. Reported per case: block
 use (mean over the run, time-weighted, and peak) with and without sharing and the saving,
 the saving the lengths predict, prompt tokens computed, output tokens/s of both modes and their
 ratio; beside them the vLLM paper's savings (6–30% for parallel sampling, 37–66% for beam
-search, which pagedserve lacks) for reference, not as targets (docs/benchmarks.md says why ours
+search, which bench/beam measures) for reference, not as targets (docs/benchmarks.md says why ours
 differ). Sanity rows: every request returned all its tokens, nothing was preempted, and greedy
 outputs are the same with and without the prefix cache; if one fails the script exits 1.
 Writes the `## Sharing` section of docs/benchmarks.md (report.py) and

@@ -94,7 +94,7 @@ def saving_rows(r: Results) -> list[report.Row]:
                         f"{pair.mean_saving:.1%} (peak {pair.peak_saving:.1%})",
                         "vLLM paper: 6–30% (reference)"))
     rows.append(Row("beam search: KV blocks saved",
-                    "not measured: pagedserve has no beam search",
+                    "see ## Beam search (bench/beam)",
                     "vLLM paper: 37–66% (reference)"))
     for pair in r.of_kind(SYSTEM):
         rows.append(Row(f"{pair.case.label}: KV blocks saved by the prefix cache "
