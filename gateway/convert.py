@@ -6,7 +6,7 @@ from gateway.generation import GenerationEvent
 from gateway.generation_request import ChatMessage, GenerationRequest
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.protocol.finish_reason import finish_reason_to_proto
-from pagedserve.protocol.sampling_codec import EARLY_STOPPING
+from pagedserve.protocol.sampling_codec import early_stopping_from_proto
 from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 
@@ -30,7 +30,7 @@ def sampling_from_proto(message: pb.SamplingOptions) -> SamplingParams:
         logprobs=_optional(message, "logprobs", None),
         beam_width=_optional(message, "beam_width", 0),
         length_penalty=_optional(message, "length_penalty", 1.0),
-        early_stopping=EARLY_STOPPING.get(message.early_stopping, False),
+        early_stopping=early_stopping_from_proto(message.early_stopping),
         best_of=_optional(message, "best_of", None))
 
 

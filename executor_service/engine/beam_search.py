@@ -30,13 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from executor_service.engine.request_output import TokenLogprob
+from pagedserve.protocol.sampling_params import EarlyStopping
 
-EarlyStopping = bool | Literal["never"]
 # transformers' stand-in for "minus infinity" in scores: added, not assigned, so an excluded
 # entry still orders as the arithmetic gives it.
 EXCLUDED = -1.0e9

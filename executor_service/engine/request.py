@@ -116,7 +116,7 @@ class Request:
     cancelled: bool = False
     error: str | None = None
     num_preemptions: int = 0
-    # Beam search: the decisions, and which sequence holds which beam (beams.py).
+    # Beam search: the decisions (beam_search.py), and which sequence holds which beam.
     beams: Beams | None = None
     # The choices as they are returned when they are decided only at the end (beam search,
     # best_of): best first.

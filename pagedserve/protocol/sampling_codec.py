@@ -11,6 +11,11 @@ from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, EarlyStoppin
 EARLY_STOPPING = {0: False, 1: True, 2: "never"}
 
 
+def early_stopping_from_proto(number: int) -> EarlyStopping:
+    """An unknown number (a newer client's) reads as the default, as proto3 enums do."""
+    return EARLY_STOPPING.get(number, False)
+
+
 def early_stopping_to_proto(value: EarlyStopping) -> int:
     return next(number for number, setting in EARLY_STOPPING.items()
                 if setting == value and type(setting) is type(value))
@@ -53,6 +58,6 @@ def sampling_from_proto(message: pb.SamplingParams) -> SamplingParams:
         beam_width=message.beam_width,
         length_penalty=(message.length_penalty if message.HasField("length_penalty")
                         else 1.0),
-        early_stopping=EARLY_STOPPING.get(message.early_stopping, False),
+        early_stopping=early_stopping_from_proto(message.early_stopping),
         best_of=message.best_of or None,
     )
