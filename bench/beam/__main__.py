@@ -40,14 +40,14 @@ from bench.beam.contenders import (CONTENDERS, HF_BATCHED, HF_SEQUENTIAL, PAGEDS
                                    Transformers, Workload, over_http)
 from bench.beam.plot import write_plot
 from bench.beam.report import Blocks, Results, Run, Settings
-from bench.peers import checkpoint, install
+from bench.peers import install
 from bench.peers.stacks import PagedserveServer, ServerSettings, VllmServer
+from bench.peers.workloads import WORKLOADS, parse_workloads, workload_model
 from bench.report import add_output_flags, output_paths, publish, with_overrides
 from bench.throughput.workload import ordinary_token_ids
 from executor_service.engine.build import EngineOptions, build_engine
-from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
+from executor_service.model.embedded import embedded_model_dir
 
-WORKLOADS = ("embedded", "mid")
 MEMORY_BLOCK_SIZE = 16
 SEED = 20261125
 
@@ -69,24 +69,25 @@ QUICK = Preset(widths=(2, 4), num_requests=2, prompt_len=64, output_len=16, roun
                workloads=("embedded",), memory_prompts=1)
 
 
-def parse_list(kind, choices=None):  # noqa: ANN001, ANN202 - an argparse type
-    def parse(text: str) -> tuple:
-        values = tuple(kind(item.strip()) for item in text.split(",") if item.strip())
-        if not values or (choices and any(value not in choices for value in values)):
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list"
-                                             f"{' of ' + ', '.join(choices) if choices else ''}"
-                                             f", got {text!r}")
-        return values
-    return parse
+def parse_widths(text: str) -> tuple[int, ...]:
+    """A comma-separated --widths value, as an argparse type."""
+    try:
+        widths = tuple(int(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"widths are positive integers, comma-separated; got "
+                                         f"{text!r}")
+    return widths
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.beam",
                                      description=__doc__.splitlines()[0])
     add_output_flags(parser)
-    parser.add_argument("--widths", type=parse_list(int), default=None,
+    parser.add_argument("--widths", type=parse_widths, default=None,
                         help="beam widths (default 2,4,8)")
-    parser.add_argument("--workloads", type=parse_list(str, WORKLOADS), default=None,
+    parser.add_argument("--workloads", type=parse_workloads, default=None,
                         help="comma-separated, of: embedded, mid (default: both)")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests per width, sent at once (default 8)")
@@ -154,19 +155,10 @@ def count_blocks(preset: Preset, progress: tqdm) -> list[Blocks]:
         for index, prompt in enumerate(prompts_for(model_dir, preset.memory_prompts,
                                                    preset.prompt_len, SEED + width)):
             samples += memory.count_blocks(engine, f"k{width}-{index}", prompt, width,
-                                           preset.output_len).samples
-        counts = memory.BlockCounts(width, samples)
-        blocks.append(Blocks(width, counts.mean_shared, counts.mean_unshared,
-                             counts.peak_shared, counts.peak_unshared))
+                                           preset.output_len)
+        blocks.append(Blocks.from_samples(width, samples))
         progress.update()
     return blocks
-
-
-def workload_model(name: str) -> tuple[Path, str]:
-    if name == "embedded":
-        return embedded_model_dir(), f"{EMBEDDED_MODEL_NAME} (the embedded default, 3M parameters)"
-    print("mid-size checkpoint (written on first use) ...", file=sys.stderr)
-    return checkpoint.checkpoint_dir(), f"{checkpoint.RECIPE.name} (random weights, 64M parameters)"
 
 
 def measure_workload(name: str, preset: Preset, base: ServerSettings, venv: Path, work: Path,

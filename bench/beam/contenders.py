@@ -45,10 +45,6 @@ class Timing:
     # Tokens of the returned hypotheses (every one of them, as usage counts them).
     output_tokens: int
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.wall_s
-
 
 def over_http(base_url: str, model: str, workload: Workload, timeout_s: float = 1800
               ) -> Timing:

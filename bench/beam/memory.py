@@ -11,44 +11,14 @@ the request's sequences (its beams) is read:
   beam owned a copy of its history (the PagedAttention paper's baseline).
 
 Both counts come from the same iterations of the same search, so the beams' choices, their
-lookahead reserves and their lengths are identical; only the sharing differs. Reported: the mean
-over the request's iterations (each iteration alike) and the peak, and the saving
+lookahead reserves and their lengths are identical; only the sharing differs. report.Blocks
+sums them up: the mean over the iterations (each alike) and the peak, and the saving
 1 - shared / unshared.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from executor_service.engine.engine import Engine
 from pagedserve.protocol.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class BlockCounts:
-    width: int
-    # Per iteration of the request: (shared, unshared) blocks.
-    samples: list[tuple[int, int]]
-
-    @property
-    def mean_shared(self) -> float:
-        return sum(shared for shared, _ in self.samples) / len(self.samples)
-
-    @property
-    def mean_unshared(self) -> float:
-        return sum(unshared for _, unshared in self.samples) / len(self.samples)
-
-    @property
-    def peak_shared(self) -> int:
-        return max(shared for shared, _ in self.samples)
-
-    @property
-    def peak_unshared(self) -> int:
-        return max(unshared for _, unshared in self.samples)
-
-    @property
-    def saved(self) -> float:
-        """The share of the unshared blocks that sharing saves, over the whole request."""
-        return 1.0 - self.mean_shared / self.mean_unshared
 
 
 def beam_params(width: int, max_tokens: int) -> SamplingParams:
@@ -58,7 +28,8 @@ def beam_params(width: int, max_tokens: int) -> SamplingParams:
 
 
 def count_blocks(engine: Engine, request_id: str, prompt: list[int], width: int,
-                 max_tokens: int) -> BlockCounts:
+                 max_tokens: int) -> list[tuple[int, int]]:
+    """(shared, unshared) blocks after each iteration of one beam-search request."""
     pool = engine.allocator.pool
     engine.add_request(request_id, prompt, beam_params(width, max_tokens))
     samples: list[tuple[int, int]] = []
@@ -74,4 +45,4 @@ def count_blocks(engine: Engine, request_id: str, prompt: list[int], width: int,
                             sum(len(table) for table in tables)))
     if engine.scheduler.num_preemptions:
         raise RuntimeError("a beam request was preempted: the cache is too small to measure")
-    return BlockCounts(width, samples)
+    return samples

@@ -45,8 +45,16 @@ class Blocks:
     peak_shared: int
     peak_unshared: int
 
+    @classmethod
+    def from_samples(cls, width: int, samples: list[tuple[int, int]]) -> Blocks:
+        """From memory.count_blocks' (shared, unshared) samples, every iteration alike."""
+        shared, unshared = [s for s, _ in samples], [u for _, u in samples]
+        return cls(width, sum(shared) / len(samples), sum(unshared) / len(samples),
+                   max(shared), max(unshared))
+
     @property
     def saved(self) -> float:
+        """The share of the unshared blocks that sharing saves, over the whole run."""
         return 1.0 - self.mean_shared / self.mean_unshared
 
     @property

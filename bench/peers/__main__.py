@@ -32,17 +32,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.peers import checkpoint, install
+from bench.peers import install
 from bench.peers import report as peers_report
 from bench.peers.client import ClientSettings, agreement_prompts, greedy_texts, run_bench
 from bench.peers.plot import write_plot
 from bench.peers.report import Agreement, Results, Run, WorkloadResult
 from bench.peers.stacks import (CONTENDERS, PAGEDSERVE, VLLM, PagedserveServer, ServerSettings,
                                 VllmServer)
+from bench.peers.workloads import WORKLOADS, parse_workloads, workload_model
 from bench.report import add_output_flags, output_paths, publish, with_overrides
-from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
-
-WORKLOADS = ("embedded", "mid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +53,6 @@ class Preset:
 FULL = Preset(ClientSettings(num_prompts=384, max_concurrency=64), rounds=3, workloads=WORKLOADS)
 QUICK = Preset(ClientSettings(num_prompts=32, max_concurrency=8), rounds=1,
                workloads=("embedded",))
-
-
-def parse_workloads(text: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in WORKLOADS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"workloads are {', '.join(WORKLOADS)}; got {text!r}")
-    return names
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -125,13 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"{failed} requests failed", file=sys.stderr)
     return 1 if failed else 0
-
-
-def workload_model(name: str) -> tuple[Path, str]:
-    if name == "embedded":
-        return embedded_model_dir(), f"{EMBEDDED_MODEL_NAME} (the embedded default)"
-    print("mid-size checkpoint (written on first use) ...", file=sys.stderr)
-    return checkpoint.checkpoint_dir(), f"{checkpoint.RECIPE.name} (random weights)"
 
 
 def measure(preset: Preset, venv: Path, args: argparse.Namespace, work: Path) -> Results:

@@ -21,15 +21,17 @@ def test_blocks_are_counted_shared_and_unshared_over_the_same_beams(tmp_path: Pa
     directory = write_checkpoint("llama", tmp_path)
     engine = build_engine(directory, EngineOptions(num_blocks=256), LocalBlockAllocator())
     (prompt,) = random_prompts([70], seed=2)
-    counts = memory.count_blocks(engine, "beams", prompt, width=4, max_tokens=20)
+    samples = memory.count_blocks(engine, "beams", prompt, width=4, max_tokens=20)
+    counts = Blocks.from_samples(4, samples)
     # The prefill holds one sequence (nothing to share); then four beams share the prompt's
     # five blocks (70 tokens, block 16) and hold their own last blocks.
-    shared, unshared = counts.samples[0]
+    shared, unshared = samples[0]
     assert shared == unshared
-    assert all(s <= u for s, u in counts.samples)
+    assert all(s <= u for s, u in samples)
     assert counts.peak_unshared >= 4 * 5 and counts.peak_shared < counts.peak_unshared
     assert 0.4 < counts.saved < 0.8
-    assert len(counts.samples) == 20
+    assert len(samples) == 20
+    assert counts.mean_shared == sum(s for s, _ in samples) / 20
     assert engine.allocator.pool.sequences == {}
 
 
