@@ -175,7 +175,9 @@ def continuous_config(settings: Settings, engine_cache_tokens: int):
     per forward pass; everything else is transformers' default."""
     from transformers import ContinuousBatchingConfig
 
-    page_size = ContinuousBatchingConfig().page_size
+    defaults = ContinuousBatchingConfig()
+    # transformers 5.24 calls the unit a page; 5.17 (the lent GPU machine's) a block.
+    page_size = getattr(defaults, "page_size", None) or defaults.block_size
     return ContinuousBatchingConfig(num_blocks=math.ceil(engine_cache_tokens / page_size),
                                     max_batch_tokens=settings.max_batched_tokens)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,9 +20,12 @@ from executor_service.model.loader import load_model, resolve_dtype
 from executor_service.model.model_config import ModelConfig
 from kernels import KvCacheSpec, allocate_kv_cache
 from kernels.dispatch import runs_triton
+from pagedserve.protocol.limits import Limits
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 256 * 1024 ** 2
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,18 @@ def kv_cache_bytes(model: CausalLM, spec: KvCacheSpec, options: EngineOptions,
     return kv_cache_budget(memory, options.gpu_memory_utilization)
 
 
+def blocks_for_budget(budget: int, bytes_per_block: int,
+                      limit: int = Limits().max_num_blocks) -> int:
+    """How many blocks a measured memory budget buys, capped at the largest pool the allocator
+    registers: a small model on a large GPU (a test model on an H200) would otherwise ask for
+    millions of blocks and be refused. Memory past the cap stays free."""
+    wanted = max(1, budget // bytes_per_block)
+    if wanted > limit:
+        log.warning("the KV cache budget of %d bytes holds %d blocks; capped at %d, the most "
+                    "one pool may have", budget, wanted, limit)
+    return min(wanted, limit)
+
+
 def build_engine(directory: Path, options: EngineOptions, allocator: BlockAllocator) -> Engine:
     """The engine for a checkpoint, its pool registered with `allocator`: the service's client
     (RemoteBlockAllocator) in an executor, an in-process LocalBlockAllocator elsewhere."""
@@ -90,7 +106,7 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
                        config.num_kv_heads, config.head_dim, dtype)
     if not spec.num_blocks:
         budget = kv_cache_bytes(model, spec, options, max_model_len, device)
-        spec = replace(spec, num_blocks=max(1, budget // spec.bytes_per_block))
+        spec = replace(spec, num_blocks=blocks_for_budget(budget, spec.bytes_per_block))
     num_blocks = spec.num_blocks
     max_model_len = served_window(max_model_len, explicit=options.max_model_len is not None,
                                   num_blocks=num_blocks, block_size=options.block_size,
