@@ -53,6 +53,7 @@ docs: $(INSTALLED) $(PROTOC_PY)
 	$(BIN)/python -m scripts.gen_config_reference
 	$(PROTOC_PY) -m scripts.gen_api_reference
 	$(BIN)/python -m scripts.gen_bad_input_table
+	$(BIN)/python -m scripts.gen_field_table
 
 redis-server:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }

@@ -19,13 +19,10 @@ chat (up to the context window), n 1, temperature 1, top_p 1, top_k off, min_p 0
 (repetition_penalty 1), stream false, skip_special_tokens true, add_generation_prompt true.
 A field set to null reads as not given.
 
-Refused as unsupported, naming the field: logit_bias (non-empty); completions echo, suffix
-(non-empty); chat tools, functions, tool_choice other than "none",
-response_format other than text, messages carrying tool_calls or function_call; batched prompts;
-content parts other than text.
-
-Ignored: user, metadata, store, service_tier, parallel_tool_calls, and any key not named here
-(clients send vendor extras).
+Every other field OpenAI or vLLM defines is refused naming it, unless set to a value that asks
+for nothing, or ignored where it changes nothing; a key neither defines is refused as OpenAI
+refuses it. fields.py holds that list. Also refused here: batched prompts, content parts other
+than text, and messages carrying tool_calls or function_call.
 
 Only types are checked here, and the ranges that belong to the API (max_tokens >= 1,
 top_logprobs 0..20). The other ranges depend on the model (vocabulary, context window) and are
@@ -40,6 +37,7 @@ from typing import Any
 
 from gateway.chat_template import ROLES
 from gateway.generation_request import ChatMessage, GenerationRequest
+from gateway.openai_http.fields import CHAT, COMPLETIONS, refused_field
 from pagedserve.common.errors import InvalidArgument
 from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams
 
@@ -72,11 +70,7 @@ class OpenAIRequest:
 
 
 def parse_completion_request(body: object) -> OpenAIRequest:
-    fields = _Fields(body)
-    if fields.get("echo", False, "boolean"):
-        raise _unsupported("echo", "the response holds only the completion, not the prompt")
-    if fields.get("suffix", "", "string"):
-        raise _unsupported("suffix", "there is no fill-in-the-middle")
+    fields = _Fields(body, COMPLETIONS)
     text, token_ids = _prompt(fields.required("prompt"))
     logprobs = fields.get("logprobs", None, "integer")
     generation = GenerationRequest(
@@ -87,18 +81,7 @@ def parse_completion_request(body: object) -> OpenAIRequest:
 
 
 def parse_chat_request(body: object) -> OpenAIRequest:
-    fields = _Fields(body)
-    if fields.get("tools", [], "array"):
-        raise _unsupported("tools", "this server does not call tools")
-    if fields.get("functions", [], "array"):
-        raise _unsupported("functions", "this server does not call functions")
-    if fields.get("tool_choice", None, "string", "object") not in (None, "none"):
-        raise OpenAIParamError('tool_choice: only "none" is supported (no tool calling)',
-                               "tool_choice")
-    response_format = fields.get("response_format", None, "object")
-    if response_format is not None and response_format.get("type") != "text":
-        raise OpenAIParamError('response_format: only {"type": "text"} is supported (no '
-                               "structured output)", "response_format")
+    fields = _Fields(body, CHAT)
     messages = _messages(fields.required("messages"))
     logprobs = fields.get("logprobs", False, "boolean")
     top_logprobs = fields.get("top_logprobs", None, "integer")
@@ -139,12 +122,15 @@ def param_of(message: str) -> str | None:
 
 class _Fields:
     """Typed reads of a request body's fields: null reads as not given, a wrong type is refused
-    naming the field."""
+    naming the field, and so is a field this endpoint does not implement (fields.py)."""
 
-    def __init__(self, body: object) -> None:
+    def __init__(self, body: object, endpoint: str) -> None:
         if not isinstance(body, dict):
             raise OpenAIParamError(
                 f"the request body must be a JSON object, got {_a(_json_type(body))}")
+        refusal = refused_field(body, endpoint)
+        if refusal is not None:
+            raise OpenAIParamError(*refusal)
         self._body = body
 
     def required(self, name: str) -> Any:
@@ -184,10 +170,6 @@ def _expect(value: Any, param: str, *kinds: str) -> Any:
         return value
     raise OpenAIParamError(f"{param} must be {' or '.join(map(_a, kinds))}, got {_a(kind)}",
                            param)
-
-
-def _unsupported(param: str, why: str) -> OpenAIParamError:
-    return OpenAIParamError(f"{param} is not supported: {why}", param)
 
 
 def _prompt(value: Any) -> tuple[str | None, tuple[int, ...] | None]:
@@ -266,8 +248,6 @@ def _max_tokens(fields: _Fields, name: str, default: int | None) -> int | None:
 
 def _common(fields: _Fields, logprobs: int | None) -> dict[str, Any]:
     """GenerationRequest's fields that both endpoints read alike."""
-    if fields.get("logit_bias", {}, "object"):
-        raise _unsupported("logit_bias", "token biases are not implemented")
     stop = fields.get("stop", (), "string", "array")
     if isinstance(stop, str):
         stop = (stop,)

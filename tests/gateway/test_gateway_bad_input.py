@@ -194,6 +194,12 @@ HTTP_CASES = {
                              "temperature must be <= 100, got inf", "temperature"),
     "max_tokens 10**30": ("completions", {"prompt": "x", "max_tokens": 10**30}, 400,
                           "lower max_tokens to at most", None),
+    "vLLM field not implemented": (
+        "completions", {"prompt": "Hello", "max_tokens": 10, "temperature": 0,
+                        "stop_token_ids": [117], "min_tokens": 8}, 400,
+        "min_tokens is not supported", "min_tokens"),
+    "unknown field": ("completions", {"prompt": "x", "max_token": 4}, 400,
+                      "Unrecognized request argument supplied: max_token", "max_token"),
     "JSON bomb in an ignored field": (
         "chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "user": '
         + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nests too deeply", None),

@@ -149,7 +149,7 @@ def test_sampling_fields_and_extensions_map_to_sampling_params() -> None:
                          frequency_penalty=-1, seed=7, top_k=-1, min_p=0.1,
                          repetition_penalty=1.2, ignore_eos=True, stop_token_ids=[5, 6],
                          stop=["\n", "END"], cache_salt="s", skip_special_tokens=False,
-                         user="u", metadata={"a": "b"}, store=False, vendor_extra=1)
+                         user="u", metadata={"a": "b"})
     assert request.generation.sampling == SamplingParams(
         n=3, temperature=0.0, top_p=0.9, presence_penalty=0.5, frequency_penalty=-1.0, seed=7,
         top_k=0, min_p=0.1, repetition_penalty=1.2, ignore_eos=True, stop_token_ids=(5, 6))
@@ -296,11 +296,11 @@ def test_best_of_reaches_the_sampling_params() -> None:
 @pytest.mark.parametrize("fields, param, phrase", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
      "tools is not supported"),
-    ({"tool_choice": "auto"}, "tool_choice", 'only "none" is supported'),
+    ({"tool_choice": "auto"}, "tool_choice", 'only "none" is accepted'),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
-     'only "none" is supported'),
+     'only "none" is accepted'),
     ({"response_format": {"type": "json_object"}}, "response_format",
-     'only {"type": "text"} is supported'),
+     "response_format is not supported: there is no structured output"),
     ({"functions": [{"name": "f"}]}, "functions", "functions is not supported"),
     ({"logit_bias": {"1": 5}}, "logit_bias", "logit_bias is not supported"),
 ])
@@ -308,6 +308,47 @@ def test_unsupported_chat_features_are_refused(fields, param, phrase) -> None:
     error = refusal(parse_chat_request, {"messages": USER, **fields})
     assert error.param == param
     assert phrase in str(error)
+
+
+@pytest.mark.parametrize("parse, fields, param", [
+    (completion, {"max_token": 4}, "max_token"),
+    (completion, {"messages": USER}, "messages"),
+    (chat, {"prompt": "p"}, "prompt"),
+    (chat, {"vendor_extra": 1}, "vendor_extra"),
+])
+def test_a_key_neither_openai_nor_vllm_defines_here_is_refused(parse, fields, param) -> None:
+    with pytest.raises(OpenAIParamError, match=f"Unrecognized request argument supplied: "
+                                               f"{param}") as raised:
+        parse(**fields)
+    assert raised.value.param == param
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"min_tokens": 8}, "min_tokens"),
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"allowed_token_ids": [1]}, "allowed_token_ids"),
+    ({"bad_words": ["x"]}, "bad_words"),
+    ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"guided_choice": ["a"]}, "guided_choice"),
+    ({"structured_outputs": {"regex": "a"}}, "structured_outputs"),
+])
+def test_vllm_fields_that_are_not_implemented_are_refused_not_ignored(fields, param) -> None:
+    for parse in (completion, chat):
+        with pytest.raises(OpenAIParamError, match=f"{param} is not supported") as raised:
+            parse(**fields)
+        assert raised.value.param == param
+
+
+def test_chat_only_vllm_fields_are_refused_naming_them() -> None:
+    for fields in ({"continue_final_message": True}, {"chat_template_kwargs": {"x": 1}},
+                   {"echo": True}):
+        (param,) = fields
+        with pytest.raises(OpenAIParamError, match=f"{param} is not supported"):
+            chat(**fields)
+    # Their neutral values ask for nothing and pass.
+    chat(continue_final_message=False, chat_template_kwargs={}, echo=False, min_tokens=0,
+         include_stop_str_in_output=False, bad_words=[], priority=0)
 
 
 def test_harmless_values_of_unsupported_chat_features_and_ignored_fields_are_accepted() -> None:
