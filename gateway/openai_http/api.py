@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from gateway.generation import GenerationEvent, Generator
 from gateway.metrics import GatewayMetrics
+from gateway.openai_http.batch import merged
 from gateway.openai_http.errors import error_body, http_status_of
 from gateway.openai_http.requests import (OpenAIParamError, OpenAIRequest, param_of,
                                           parse_chat_request, parse_completion_request)
@@ -107,8 +108,9 @@ class OpenAIHttpApi:
         except Exception as error:  # noqa: BLE001 - every refusal becomes an OpenAI error body
             return _error_response(error)
         tenant = tenant_of(request.headers.get("authorization"), self.api_keys)
-        events = self.metrics.observe(self.generator.generate(parsed.generation, tenant),
-                                      "http")
+        events = merged([self.metrics.observe(self.generator.generate(generation, tenant),
+                                              "http") for generation in parsed.generations],
+                        parsed.generation.sampling.n)
         try:
             first = await _unless_disconnected(request, anext(events, None))
         except ClientGone:

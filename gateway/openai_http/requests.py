@@ -21,8 +21,8 @@ A field set to null reads as not given.
 
 Every other field OpenAI or vLLM defines is refused naming it, unless set to a value that asks
 for nothing, or ignored where it changes nothing; a key neither defines is refused as OpenAI
-refuses it. fields.py holds that list. Also refused here: batched prompts, content parts other
-than text, and messages carrying tool_calls or function_call.
+refuses it. fields.py holds that list. Also refused here: content parts other than text, and
+messages carrying tool_calls or function_call.
 
 Only types are checked here, and the ranges that belong to the API (max_tokens >= 1,
 top_logprobs 0..20). The other ranges depend on the model (vocabulary, context window) and are
@@ -43,6 +43,9 @@ from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS
 
 # OpenAI's default for /v1/completions; chat has none.
 COMPLETION_MAX_TOKENS = DEFAULT_MAX_TOKENS
+# Prompts in one batched completions request: each is a request of its own to admission and
+# the executors, so a bound keeps one HTTP request from queueing thousands.
+MAX_BATCHED_PROMPTS = 256
 # OpenAI's newer name for the system role; the templates know only the older one.
 ROLE_ALIASES = {"developer": "system"}
 
@@ -59,7 +62,9 @@ class OpenAIParamError(InvalidArgument):
 
 @dataclass(frozen=True, slots=True)
 class OpenAIRequest:
-    generation: GenerationRequest
+    # One per prompt: several for a batched completions prompt, whose choices are numbered
+    # prompt by prompt (prompt i's choice j is index i * n + j), as OpenAI numbers them.
+    generations: tuple[GenerationRequest, ...]
     stream: bool
     # stream_options.include_usage: a last chunk carries the usage (streaming only).
     include_usage: bool
@@ -68,16 +73,21 @@ class OpenAIRequest:
     # Whether the response carries logprobs objects (else null).
     logprobs: bool
 
+    @property
+    def generation(self) -> GenerationRequest:
+        """The first (for a chat request, the only) prompt's generation."""
+        return self.generations[0]
+
 
 def parse_completion_request(body: object) -> OpenAIRequest:
     fields = _Fields(body, COMPLETIONS)
-    text, token_ids = _prompt(fields.required("prompt"))
+    prompts = _prompts(fields.required("prompt"))
     logprobs = fields.get("logprobs", None, "integer")
-    generation = GenerationRequest(
-        text=text, token_ids=token_ids,
-        max_tokens=_max_tokens(fields, "max_tokens", COMPLETION_MAX_TOKENS),
-        **_common(fields, logprobs))
-    return _request(fields, generation, chat=False, logprobs=logprobs is not None)
+    max_tokens = _max_tokens(fields, "max_tokens", COMPLETION_MAX_TOKENS)
+    common = _common(fields, logprobs)
+    generations = tuple(GenerationRequest(text=text, token_ids=token_ids, max_tokens=max_tokens,
+                                          **common) for text, token_ids in prompts)
+    return _request(fields, generations, chat=False, logprobs=logprobs is not None)
 
 
 def parse_chat_request(body: object) -> OpenAIRequest:
@@ -97,7 +107,7 @@ def parse_chat_request(body: object) -> OpenAIRequest:
         chat=messages, add_generation_prompt=fields.get("add_generation_prompt", True, "boolean"),
         max_tokens=max_tokens if max_completion_tokens is None else max_completion_tokens,
         **_common(fields, (top_logprobs or 0) if logprobs else None))
-    return _request(fields, generation, chat=True, logprobs=logprobs)
+    return _request(fields, (generation,), chat=True, logprobs=logprobs)
 
 
 # Fields a later check's message may start with (SamplingParams.validate,
@@ -172,24 +182,29 @@ def _expect(value: Any, param: str, *kinds: str) -> Any:
                            param)
 
 
-def _prompt(value: Any) -> tuple[str | None, tuple[int, ...] | None]:
-    """`prompt` as (text, token ids), one of them set."""
+def _prompts(value: Any) -> list[tuple[str | None, tuple[int, ...] | None]]:
+    """`prompt` as one (text, token ids) per prompt, one of the two set: a string, token ids,
+    or an array of those (a batch)."""
     _expect(value, "prompt", "string", "array")
     if isinstance(value, list) and value and all(isinstance(item, (str, list))
                                                  for item in value):
-        if len(value) > 1:
-            raise OpenAIParamError(f"prompt: batched prompts ({len(value)} given) are not "
-                                   "supported; send one request per prompt", "prompt")
-        value = value[0]
+        if len(value) > MAX_BATCHED_PROMPTS:
+            raise OpenAIParamError(f"prompt: at most {MAX_BATCHED_PROMPTS} prompts in one "
+                                   f"request, got {len(value)}", "prompt")
+        return [_prompt(item, f"prompt[{index}]") for index, item in enumerate(value)]
+    return [_prompt(value, "prompt")]
+
+
+def _prompt(value: Any, where: str) -> tuple[str | None, tuple[int, ...] | None]:
     if not value:
-        raise OpenAIParamError("prompt must not be empty", "prompt")
+        raise OpenAIParamError(f"{where} must not be empty", "prompt")
     if isinstance(value, str):
         return value, None
     for item in value:
         if _json_type(item) != "integer":
             raise OpenAIParamError(
-                "prompt must be a string, an array of integer token ids, or an array holding "
-                f"one of those; found {_a(_json_type(item))} among the token ids", "prompt")
+                f"{where} must be a string, an array of integer token ids, or an array of "
+                f"those; found {_a(_json_type(item))} among the token ids", "prompt")
     return None, tuple(value)
 
 
@@ -286,8 +301,8 @@ def _sampling(fields: _Fields, logprobs: int | None) -> SamplingParams:
         logprobs=logprobs)
 
 
-def _request(fields: _Fields, generation: GenerationRequest, chat: bool, logprobs: bool
-             ) -> OpenAIRequest:
+def _request(fields: _Fields, generations: tuple[GenerationRequest, ...], chat: bool,
+             logprobs: bool) -> OpenAIRequest:
     stream = fields.get("stream", False, "boolean")
     options = fields.get("stream_options", None, "object")
     if options is not None and not stream:
@@ -296,5 +311,5 @@ def _request(fields: _Fields, generation: GenerationRequest, chat: bool, logprob
     usage = (options or {}).get("include_usage")
     include_usage = usage is not None and _expect(usage, "stream_options.include_usage",
                                                   "boolean")
-    return OpenAIRequest(generation, stream=stream, include_usage=include_usage, chat=chat,
+    return OpenAIRequest(generations, stream=stream, include_usage=include_usage, chat=chat,
                          logprobs=logprobs)

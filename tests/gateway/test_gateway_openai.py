@@ -80,6 +80,33 @@ def test_a_chat_completion_streamed_equals_the_whole_one(stack, client):
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_a_batch_of_prompts_answers_each_as_alone_numbered_prompt_by_prompt(stack, client):
+    allocator, _ = stack
+    prompts = ["Hello", [72, 105, 33], "Bye"]
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=5, n=2, seed=3,
+                                       temperature=0.8, extra_body={"ignore_eos": True})
+             for p in prompts]
+    batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=5, n=2, seed=3,
+                                      temperature=0.8, extra_body={"ignore_eos": True})
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [c.text for a in alone for c in a.choices]
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == 30
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=5, n=2, seed=3, temperature=0.8, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    streamed = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [streamed[i] for i in range(6)] == [c.text for c in batch.choices]
+    assert chunks[-1].usage.completion_tokens == 30
+    # One prompt too long for the context window refuses the whole batch; nothing is held.
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt=["ok", "y" * 100_000], max_tokens=5)
+    wait_for(lambda: used_blocks(allocator) == 0)
+
+
 def test_n_2_and_logprobs_over_http(client):
     whole = client.completions.create(model=MODEL, prompt="Pick", max_tokens=6, n=2, seed=5,
                                       temperature=1.0, logprobs=2,

@@ -47,12 +47,12 @@ def test_each_prompt_form_becomes_text_or_token_ids(prompt, text, token_ids) -> 
 
 
 @pytest.mark.parametrize("prompt, phrase", [
-    (["a", "b"], "batched prompts (2 given) are not supported"),
-    ([[1], [2], [3]], "batched prompts (3 given) are not supported"),
+    (["a"] * 257, "at most 256 prompts in one request, got 257"),
+    (["a", ""], "prompt[1] must not be empty"),
     ("", "prompt must not be empty"),
     ([], "prompt must not be empty"),
-    ([""], "prompt must not be empty"),
-    ([[]], "prompt must not be empty"),
+    ([""], "prompt[0] must not be empty"),
+    ([[]], "prompt[0] must not be empty"),
     ([1, "a"], "found a string among the token ids"),
     ([["a"]], "found a string among the token ids"),
     ([1, True], "found a boolean among the token ids"),
@@ -63,6 +63,15 @@ def test_bad_prompts_are_refused_naming_prompt(prompt, phrase) -> None:
     error = refusal(parse_completion_request, {"prompt": prompt})
     assert error.param == "prompt"
     assert phrase in str(error)
+
+
+def test_a_batch_of_prompts_is_one_generation_per_prompt_with_the_same_fields() -> None:
+    request = completion(prompt=["a", [5, 6], "c"], max_tokens=3, n=2, temperature=0.5)
+    assert [(g.text, g.token_ids) for g in request.generations] == [
+        ("a", None), (None, (5, 6)), ("c", None)]
+    assert {(g.max_tokens, g.sampling) for g in request.generations} == {
+        (3, request.generation.sampling)}
+    assert request.generation.sampling.n == 2
 
 
 def test_chat_content_parts_are_joined_and_developer_reads_as_system() -> None:
