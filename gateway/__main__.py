@@ -68,7 +68,8 @@ async def serve(config: GatewayConfig) -> int:
     service = AsyncGrpcService(
         config.server, SERVICE_NAMES,
         lambda server: pb_grpc.add_GatewayServicer_to_server(servicer, server), auth=auth)
-    http = HttpServer(OpenAIHttpApi(generator, metrics, config.api_keys).app,
+    http = HttpServer(OpenAIHttpApi(generator, metrics, config.api_keys,
+                                    config.allowed_origins).app,
                       config.server.host, config.http_port, config.server.tls_cert,
                       config.server.tls_key, config.server.grace_s)
     # Health is SERVING while at least one executor is ready (told from the directory's thread).

@@ -29,6 +29,8 @@ class GatewayConfig:
     http_port: int
     # Client API keys, each accepted on gRPC and HTTP; none: clients need no key.
     api_keys: tuple[str, ...]
+    # Browser origins the HTTP API answers CORS requests from; "*" for any.
+    allowed_origins: tuple[str, ...] = ("*",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a key clients must present as 'Authorization: Bearer KEY' on gRPC "
                              "and HTTP; repeat for several (env PAGEDSERVE_GATEWAY_API_KEYS, "
                              "comma-separated)")
+    parser.add_argument("--allowed-origins", default=env("ALLOWED_ORIGINS", "*"),
+                        help="comma-separated browser origins the HTTP API allows (CORS), "
+                             "* for any, empty for none "
+                             f"(env {ENV_PREFIX}_ALLOWED_ORIGINS)")
     parser.add_argument("--refresh-s", type=float, default=env("REFRESH_S", 1.0),
                         help="seconds between looks at the allocator's executor list "
                              f"(env {ENV_PREFIX}_REFRESH_S)")
@@ -91,4 +97,7 @@ def parse_config(argv: Sequence[str] | None = None) -> GatewayConfig:
                          service_token=args.auth_token, tls_ca=args.tls_ca,
                          max_running=args.max_running, max_queued=args.max_queued,
                          refresh_s=args.refresh_s, log_level=args.log_level,
-                         http_port=args.http_port, api_keys=api_keys)
+                         http_port=args.http_port, api_keys=api_keys,
+                         allowed_origins=tuple(origin.strip() for origin in
+                                               args.allowed_origins.split(",")
+                                               if origin.strip()))

@@ -12,3 +12,9 @@
 
 protocol/ and common/ import no service; cli/ and supervisor/ put the services together.
 """
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("pagedserve")
+except PackageNotFoundError:    # run from a checkout that is not installed (a GPU machine)
+    __version__ = "0+unknown"

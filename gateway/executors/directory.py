@@ -65,6 +65,8 @@ class ServedModel:
     eos_token_ids: tuple[int, ...]
     tokenizer: GatewayTokenizer
     tokenizer_digest: str
+    # When this gateway first saw it served (Unix seconds): the model card's `created`.
+    created: int = 0
     # Live executors serving it, by executor id.
     executors: dict[str, ExecutorEntry] = field(default_factory=dict)
 
@@ -79,6 +81,8 @@ class ExecutorDirectory:
         `loop`, the event loop the gateway's requests run on."""
         self._allocators = allocators
         self._open_channel = open_channel
+        # Model name -> when it was first served here (Unix seconds).
+        self._first_seen: dict[str, int] = {}
         self._open_link_channel = open_link_channel
         self._loop = loop
         self._refresh_s = refresh_s
@@ -194,10 +198,11 @@ class ExecutorDirectory:
             info = entry.info
             model = models.get(info.model_name)
             if model is None:
+                created = self._first_seen.setdefault(info.model_name, int(time.time()))
                 model = models[info.model_name] = ServedModel(
                     info.model_name, info.max_model_len, info.vocab_size,
                     tuple(info.eos_token_ids), self._tokenizers[info.tokenizer_digest],
-                    info.tokenizer_digest)
+                    info.tokenizer_digest, created)
             elif info.tokenizer_digest != model.tokenizer_digest:
                 log.warning("executor %s serves %s with another tokenizer than %s; not routed "
                             "to", info.executor_id, info.model_name,

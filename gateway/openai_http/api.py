@@ -3,11 +3,14 @@ shares.
 
     POST /v1/completions, /v1/chat/completions   JSON, or SSE with "stream": true
     GET  /v1/models, /v1/models/{id}
-    GET  /health                                 200 while an executor is ready, else 503
+    POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's, over the model's tokenizer
+    GET  /health, GET|POST /ping                 200 while an executor is ready, else 503
+    GET  /version                                {"version": ...}
     GET  /metrics                                Prometheus text format
 
-With API keys configured, /v1/* wants `Authorization: Bearer KEY`; /health and /metrics stay
-open for orchestrators and scrapers. Every error is OpenAI's JSON error shape.
+With API keys configured, /v1/* and the tokenizer endpoints want `Authorization: Bearer KEY`;
+/health, /ping, /version and /metrics stay open for orchestrators and scrapers. Every error is
+OpenAI's JSON error shape. Browsers get CORS answers for the configured origins.
 
 A request is refused with a plain HTTP error (not an event stream) when it fails before its
 first event: bad fields, unknown model, admission limits. Once streaming, a failure arrives as
@@ -28,18 +31,22 @@ from contextlib import aclosing
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.generation import GenerationEvent, Generator
 from gateway.metrics import GatewayMetrics
+from gateway.openai_http import tokenization
 from gateway.openai_http.batch import merged
 from gateway.openai_http.errors import error_body, http_status_of
-from gateway.openai_http.requests import (OpenAIParamError, OpenAIRequest, param_of,
+from gateway.openai_http.requests import (OpenAIParamError, OpenAIRequest, expect, param_of,
                                           parse_chat_request, parse_completion_request)
 from gateway.openai_http.responses import OpenAIResponder, error_of
 from gateway.tenancy import tenant_of
+from pagedserve import __version__ as PAGEDSERVE_VERSION
 from pagedserve.common.auth import bearer_refusal
 from pagedserve.common.errors import (InvalidArgument, NotFound, PagedServeError, Unauthenticated,
                                       Unavailable)
@@ -53,17 +60,26 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 class OpenAIHttpApi:
     def __init__(self, generator: Generator, metrics: GatewayMetrics,
-                 api_keys: Sequence[str] = ()) -> None:
+                 api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ("*",)
+                 ) -> None:
         self.generator, self.metrics, self.api_keys = generator, metrics, tuple(api_keys)
         self.app = Starlette(routes=[
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/tokenizer_info", self.tokenizer_info, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/ping", self.health, methods=["GET", "POST"]),
+            Route("/version", self.version, methods=["GET"]),
             Route("/metrics", self.metrics_text, methods=["GET"]),
         ], exception_handlers={404: self._not_found, 405: self._not_allowed,
-                               PagedServeError: self._refused})
+                               PagedServeError: self._refused},
+            # vLLM's defaults: any method and header from the allowed origins, no cookies.
+            middleware=[Middleware(CORSMiddleware, allow_origins=list(allowed_origins),
+                                   allow_methods=["*"], allow_headers=["*"])])
 
     # -- endpoints -------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -85,6 +101,20 @@ class OpenAIHttpApi:
         if model is None:
             raise NotFound(f"model {model_id!r} is not served here")
         return JSONResponse(_model_card(model))
+
+    async def tokenize(self, request: Request) -> Response:
+        return await self._tokenizer_call(request, tokenization.tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._tokenizer_call(request, tokenization.detokenize)
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        self._authenticate(request)
+        model = self.generator.model(request.query_params.get("model", ""))
+        return JSONResponse(tokenization.tokenizer_info(model))
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": PAGEDSERVE_VERSION})
 
     async def health(self, request: Request) -> Response:
         models = self.generator.directory.models
@@ -160,6 +190,20 @@ class OpenAIHttpApi:
                 _, type_, code = http_status_of(error)
                 yield _sse_data(error_body(str(error), type_, _param(error), code))
         yield "data: [DONE]\n\n"
+
+    async def _tokenizer_call(self, request: Request, call) -> Response:
+        try:
+            self._authenticate(request)
+            body = await _read_json(request)
+            if not isinstance(body, dict):
+                raise InvalidArgument("the request body must be a JSON object")
+            model = self.generator.model(expect(body.get("model", ""), "model", "string"))
+            # A long prompt takes milliseconds to tokenize: off the event loop.
+            return JSONResponse(await asyncio.to_thread(call, body, model))
+        except ClientDisconnect:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except Exception as error:  # noqa: BLE001 - every refusal becomes an OpenAI error body
+            return _error_response(error)
 
     # -- plumbing --------------------------------------------------------------------------------
     def _authenticate(self, request: Request) -> None:
@@ -279,5 +323,8 @@ def _sse_data(payload: dict) -> str:
 
 
 def _model_card(model) -> dict:
-    return {"id": model.name, "object": "model", "created": 0, "owned_by": "pagedserve",
+    # root: what the model was loaded from, as vLLM reports it; here the checkpoint's name,
+    # since executors on different hosts may hold it at different paths.
+    return {"id": model.name, "object": "model", "created": model.created,
+            "owned_by": "pagedserve", "root": model.name, "parent": None,
             "max_model_len": model.max_model_len, "num_executors": len(model.executors)}

@@ -92,7 +92,7 @@ def parse_completion_request(body: object) -> OpenAIRequest:
 
 def parse_chat_request(body: object) -> OpenAIRequest:
     fields = _Fields(body, CHAT)
-    messages = _messages(fields.required("messages"))
+    messages = parse_messages(fields.required("messages"))
     logprobs = fields.get("logprobs", False, "boolean")
     top_logprobs = fields.get("top_logprobs", None, "integer")
     if top_logprobs is not None:
@@ -151,7 +151,7 @@ class _Fields:
 
     def get(self, name: str, default: Any, *kinds: str) -> Any:
         value = self._body.get(name)
-        return default if value is None else _expect(value, name, *kinds)
+        return default if value is None else expect(value, name, *kinds)
 
     def number(self, name: str, default: float) -> float:
         return float(self.get(name, default, "number"))
@@ -173,7 +173,7 @@ def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
-def _expect(value: Any, param: str, *kinds: str) -> Any:
+def expect(value: Any, param: str, *kinds: str) -> Any:
     """`value` if its JSON type is one of `kinds` (an integer is a number too)."""
     kind = _json_type(value)
     if kind in kinds or (kind == "integer" and "number" in kinds):
@@ -185,7 +185,7 @@ def _expect(value: Any, param: str, *kinds: str) -> Any:
 def _prompts(value: Any) -> list[tuple[str | None, tuple[int, ...] | None]]:
     """`prompt` as one (text, token ids) per prompt, one of the two set: a string, token ids,
     or an array of those (a batch)."""
-    _expect(value, "prompt", "string", "array")
+    expect(value, "prompt", "string", "array")
     if isinstance(value, list) and value and all(isinstance(item, (str, list))
                                                  for item in value):
         if len(value) > MAX_BATCHED_PROMPTS:
@@ -208,18 +208,18 @@ def _prompt(value: Any, where: str) -> tuple[str | None, tuple[int, ...] | None]
     return None, tuple(value)
 
 
-def _messages(value: Any) -> tuple[ChatMessage, ...]:
-    _expect(value, "messages", "array")
+def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
+    expect(value, "messages", "array")
     if not value:
         raise OpenAIParamError("messages must hold at least one message", "messages")
     return tuple(_message(message, f"messages[{index}]") for index, message in enumerate(value))
 
 
 def _message(message: Any, where: str) -> ChatMessage:
-    _expect(message, where, "object")
+    expect(message, where, "object")
     if message.get("role") is None:
         raise OpenAIParamError(f"{where}.role is required", f"{where}.role")
-    role = _expect(message["role"], f"{where}.role", "string")
+    role = expect(message["role"], f"{where}.role", "string")
     role = ROLE_ALIASES.get(role, role)
     if role not in ROLES:
         raise OpenAIParamError(f"{where}.role must be one of {', '.join(ROLES)}, "
@@ -239,16 +239,16 @@ def _message(message: Any, where: str) -> ChatMessage:
 
 def _content(content: Any, where: str) -> str:
     """A message's content: a string, or the texts of its text parts joined."""
-    if isinstance(_expect(content, where, "string", "array"), str):
+    if isinstance(expect(content, where, "string", "array"), str):
         return content
     texts = []
     for index, part in enumerate(content):
         here = f"{where}[{index}]"
-        _expect(part, here, "object")
+        expect(part, here, "object")
         if part.get("type") != "text":
             raise OpenAIParamError(f"{here}: only text parts are supported, got type "
                                    f"{part.get('type')!r}", here)
-        texts.append(_expect(part.get("text"), f"{here}.text", "string"))
+        texts.append(expect(part.get("text"), f"{here}.text", "string"))
     return "".join(texts)
 
 
@@ -268,7 +268,7 @@ def _common(fields: _Fields, logprobs: int | None) -> dict[str, Any]:
         stop = (stop,)
     return dict(model=fields.get("model", "", "string"),
                 sampling=_sampling(fields, logprobs),
-                stop=tuple(_expect(s, f"stop[{i}]", "string") for i, s in enumerate(stop)),
+                stop=tuple(expect(s, f"stop[{i}]", "string") for i, s in enumerate(stop)),
                 cache_salt=fields.get("cache_salt", "", "string"),
                 keep_special_tokens=not fields.get("skip_special_tokens", True, "boolean"))
 
@@ -295,7 +295,7 @@ def _sampling(fields: _Fields, logprobs: int | None) -> SamplingParams:
         repetition_penalty=fields.number("repetition_penalty", 1.0),
         presence_penalty=fields.number("presence_penalty", 0.0),
         frequency_penalty=fields.number("frequency_penalty", 0.0),
-        stop_token_ids=tuple(_expect(token, f"stop_token_ids[{index}]", "integer")
+        stop_token_ids=tuple(expect(token, f"stop_token_ids[{index}]", "integer")
                              for index, token in enumerate(stop_token_ids)),
         ignore_eos=fields.get("ignore_eos", False, "boolean"),
         logprobs=logprobs)
@@ -309,7 +309,7 @@ def _request(fields: _Fields, generations: tuple[GenerationRequest, ...], chat: 
         raise OpenAIParamError("stream_options is only allowed when stream is true",
                                "stream_options")
     usage = (options or {}).get("include_usage")
-    include_usage = usage is not None and _expect(usage, "stream_options.include_usage",
+    include_usage = usage is not None and expect(usage, "stream_options.include_usage",
                                                   "boolean")
     return OpenAIRequest(generations, stream=stream, include_usage=include_usage, chat=chat,
                          logprobs=logprobs)

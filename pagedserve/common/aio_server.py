@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from pagedserve.common.auth import AsyncBearerTokenInterceptor
 from pagedserve.common.error_interceptor import AsyncErrorInterceptor
+from pagedserve.common.reflection import enable_reflection
 from pagedserve.common.server import SERVER_CHANNEL_OPTIONS, ServerOptions, bind, health_status
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,7 @@ class AsyncGrpcService:
         add_servicers(self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        enable_reflection([*self.service_names, health.SERVICE_NAME], self.server)
         self.port = bind(self.server, options)
         self._stopped = False
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from pagedserve.common.auth import BearerTokenInterceptor
 from pagedserve.common.error_interceptor import ErrorInterceptor
+from pagedserve.common.reflection import enable_reflection
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,7 @@ class GrpcService:
         add_servicers(self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        enable_reflection([*self.service_names, health.SERVICE_NAME], self.server)
         self.port = bind(self.server, options)
         self.set_serving(False)
         self._stopped = threading.Event()

@@ -13,14 +13,15 @@ from collections.abc import Callable
 
 import pytest
 from google.protobuf import descriptor_pb2
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import AllocatorProcess
-from tests.support.allocator_wire import (ADMIN, Code, Executor, allocate, append,
-                                          assert_health_and_reflection_answer, fork, free,
-                                          pool_stats, register, rpc_error, seq_ids)
+from tests.support.allocator_wire import (ADMIN, REFLECTION, REFLECTION_V1, Code, Executor,
+                                          allocate, append, assert_health_and_reflection_answer,
+                                          fork, free, pool_stats, reflection_info, register,
+                                          rpc_error, seq_ids)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,15 +33,23 @@ def test_health_reports_serving_and_reflection_lists_the_services(
     assert_health_and_reflection_answer(server.channel())
 
 
-def test_reflection_serves_the_allocator_proto_file(server: AllocatorProcess) -> None:
-    responses = reflection_pb2_grpc.ServerReflectionStub(server.channel()).ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=ADMIN)]), timeout=5)
-    (response,) = list(responses)
-    files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
-             for raw in response.file_descriptor_response.file_descriptor_proto]
-    (allocator_file,) = [f for f in files if f.package == "pagedserve.allocator.v1"]
+@pytest.mark.parametrize("version", [REFLECTION, REFLECTION_V1])
+def test_reflection_serves_the_allocator_proto_file(server: AllocatorProcess, version) -> None:
+    responses = reflection_info(server.channel(), version)(
+        iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=ADMIN),
+              reflection_pb2.ServerReflectionRequest(file_containing_symbol=REFLECTION_V1)]),
+        timeout=5)
+    admin_file, reflection_file = [
+        [descriptor_pb2.FileDescriptorProto.FromString(raw)
+         for raw in response.file_descriptor_response.file_descriptor_proto]
+        for response in responses]
+    (allocator_file,) = [f for f in admin_file if f.package == "pagedserve.allocator.v1"]
     assert allocator_file.name == "pagedserve/allocator/v1/allocator.proto"
     assert [s.name for s in allocator_file.service] == ["Allocator", "AllocatorAdmin"]
+    # grpcurl describes the reflection service it speaks, v1 included.
+    (v1_file,) = reflection_file
+    assert (v1_file.package, v1_file.service[0].name) == ("grpc.reflection.v1",
+                                                          "ServerReflection")
 
 
 # -- the block protocol over the wire -------------------------------------------------------------

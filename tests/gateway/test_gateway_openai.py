@@ -2,6 +2,8 @@
 allocator, executor and gateway processes (API keys on)."""
 from __future__ import annotations
 
+import time
+
 import grpc
 import httpx
 import openai
@@ -10,7 +12,8 @@ import pytest
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack, pagedctl_audit
-from tests.support.allocator_wire import used_blocks
+from tests.support.allocator_wire import (REFLECTION, REFLECTION_V1, reflection_services,
+                                          used_blocks)
 from tests.support.polling import wait_for
 
 MODEL = "pagedserve-embedded-llama"
@@ -195,9 +198,57 @@ def test_best_of_returns_the_most_likely_samples(stack, client):
 def test_models_list_and_retrieve(client):
     (model,) = client.models.list().data
     assert model.id == MODEL
+    assert time.time() - 3600 < model.created <= time.time()
+    assert model.model_extra["root"] == MODEL
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-17")
+
+
+def test_tokenizer_endpoints_round_trip_and_agree_with_generation(stack, client):
+    _, gateway = stack
+    auth = {"authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=gateway.http_url, headers=auth, timeout=30) as http:
+        info = http.get("/tokenizer_info").json()
+        assert info["model_max_length"] > 0 and "chat_template" in info
+        plain = http.post("/tokenize", json={"prompt": "Hello, HTTP",
+                                             "add_special_tokens": False}).json()
+        special = http.post("/tokenize", json={"model": MODEL, "prompt": "Hello, HTTP",
+                                               "return_token_strs": True}).json()
+        # The completions endpoint counts the prompt as /tokenize does by default.
+        usage = client.completions.create(model=MODEL, prompt="Hello, HTTP", max_tokens=1,
+                                          temperature=0).usage
+        assert special["count"] == usage.prompt_tokens == len(special["tokens"])
+        assert len(special["token_strs"]) == special["count"]
+        assert plain["token_strs"] is None and len(plain["tokens"]) <= special["count"]
+        text = http.post("/detokenize", json={"tokens": plain["tokens"]}).json()["prompt"]
+        assert text == "Hello, HTTP"
+        chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+        chat_usage = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1).usage
+        assert chat.json()["count"] == chat_usage.prompt_tokens
+        for path, body, param in [("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
+                                  ("/tokenize", {}, "prompt"),
+                                  ("/detokenize", {"tokens": [10 ** 9]}, "tokens")]:
+            refused = http.post(path, json=body)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+        assert httpx.post(f"{gateway.http_url}/tokenize", json={"prompt": "x"}).status_code \
+            == 401
+
+
+def test_probes_version_cors_and_both_reflection_versions(stack):
+    _, gateway = stack
+    for version in (REFLECTION, REFLECTION_V1):
+        assert "pagedserve.gateway.v1.Gateway" in reflection_services(gateway.channel(), version)
+    with httpx.Client(base_url=gateway.http_url, timeout=30) as http:
+        assert http.get("/ping").status_code == 200 and http.post("/ping").status_code == 200
+        assert http.get("/version").json()["version"]
+        preflight = http.options("/v1/chat/completions", headers={
+            "origin": "http://localhost:3000", "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type"})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "*"
+        assert "POST" in preflight.headers["access-control-allow-methods"]
 
 
 @pytest.mark.parametrize("key, message", [

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
@@ -22,6 +22,7 @@ ALLOCATOR = "pagedserve.allocator.v1.Allocator"
 ADMIN = "pagedserve.allocator.v1.AllocatorAdmin"
 HEALTH = "grpc.health.v1.Health"
 REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 Code = grpc.StatusCode
 
 
@@ -92,8 +93,17 @@ def health_status(channel: grpc.Channel, service: str) -> int:
         health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
 
-def reflection_services(channel: grpc.Channel) -> set[str]:
-    responses = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+def reflection_info(channel: grpc.Channel, service: str = REFLECTION):
+    """ServerReflectionInfo of reflection `service` (either version: their messages are the
+    same on the wire, so v1alpha's classes read v1's answers too)."""
+    return channel.stream_stream(
+        f"/{service}/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+
+
+def reflection_services(channel: grpc.Channel, service: str = REFLECTION) -> set[str]:
+    responses = reflection_info(channel, service)(
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
     (response,) = list(responses)
     return {service.name for service in response.list_services_response.service}
@@ -102,7 +112,9 @@ def reflection_services(channel: grpc.Channel) -> set[str]:
 def assert_health_and_reflection_answer(channel: grpc.Channel) -> None:
     for service in ("", ALLOCATOR, ADMIN):
         assert health_status(channel, service) == health_pb2.HealthCheckResponse.SERVING, service
-    assert reflection_services(channel) == {ALLOCATOR, ADMIN, HEALTH, REFLECTION}
+    for version in (REFLECTION, REFLECTION_V1):
+        assert reflection_services(channel, version) == {ALLOCATOR, ADMIN, HEALTH, REFLECTION,
+                                                         REFLECTION_V1}
 
 
 def seq_ids(admin: pb_grpc.AllocatorAdminStub, executor_id: str) -> list[str]:
