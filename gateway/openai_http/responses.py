@@ -146,11 +146,12 @@ class OpenAIResponder:
 
 
 def completion_logprobs(entries: list[TokenLogprob], offsets: list[int]) -> dict:
-    """The legacy object; a top_logprobs entry is {token text: logprob}, empty for none."""
+    """The legacy object; a top_logprobs entry is {token text: logprob}. With no alternatives
+    asked for (logprobs 0) it holds the chosen token alone, as vLLM's does, not an empty {}."""
     return {"tokens": [entry.token for entry in entries],
             "token_logprobs": [_finite(entry.logprob) for entry in entries],
             "top_logprobs": [{top.token: _finite(top.logprob) for top in entry.top}
-                             for entry in entries],
+                             or {entry.token: _finite(entry.logprob)} for entry in entries],
             "text_offset": offsets}
 
 

@@ -467,7 +467,7 @@ def test_streamed_completion_chunks_carry_text_and_continuing_offsets() -> None:
     # Choice 0 sent "Hel" before: its next tokens start at 3, then 3 + len("lo").
     assert chunks[2]["choices"][0]["logprobs"] == {
         "tokens": ["lo", " world"], "token_logprobs": [-0.125, -1.5],
-        "top_logprobs": [{}, {}], "text_offset": [3, 5]}
+        "top_logprobs": [{"lo": -0.125}, {" world": -1.5}], "text_offset": [3, 5]}
     # Choice 1's first token came with no text, so "i" starts at 0 too.
     assert chunks[3]["choices"][0]["logprobs"]["text_offset"] == [0]
     assert chunks[4]["choices"][0]["logprobs"] is None
@@ -489,11 +489,11 @@ def test_whole_completion_body() -> None:
         "choices": [
             {"index": 0, "text": "Hello world", "finish_reason": "stop", "logprobs": {
                 "tokens": ["Hel", "lo", " world"], "token_logprobs": [-0.5, -0.125, -1.5],
-                "top_logprobs": [{"Hel": -0.5, "Hi": -1.0}, {}, {}],
+                "top_logprobs": [{"Hel": -0.5, "Hi": -1.0}, {"lo": -0.125}, {" world": -1.5}],
                 "text_offset": [0, 3, 5]}},
             {"index": 1, "text": "Hi", "finish_reason": "length", "logprobs": {
                 "tokens": ["H", "i"], "token_logprobs": [-0.25, -0.75],
-                "top_logprobs": [{}, {}], "text_offset": [0, 0]}}],
+                "top_logprobs": [{"H": -0.25}, {"i": -0.75}], "text_offset": [0, 0]}}],
         "usage": USAGE_OBJECT}
 
 
