@@ -78,10 +78,12 @@ class GatewayTokenizer:
         return self.chat_template.render(messages, add_generation_prompt)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]],
-                    add_generation_prompt: bool = True) -> list[int]:
-        # The template writes BOS and the like itself; adding them again would double them.
+                    add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False) -> list[int]:
+        # The template writes BOS and the like itself; adding them again would double them,
+        # so only a caller who asks (vLLM's /tokenize takes the flag) gets them added.
         return self.encode(self.render_chat(messages, add_generation_prompt),
-                           add_special_tokens=False)
+                           add_special_tokens=add_special_tokens)
 
     def _token_id(self, name: str) -> int | None:
         text = self.special_tokens.get(name)

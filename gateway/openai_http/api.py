@@ -42,8 +42,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai_http import tokenization
 from gateway.openai_http.batch import merged
 from gateway.openai_http.errors import error_body, http_status_of
-from gateway.openai_http.requests import (OpenAIParamError, OpenAIRequest, expect, param_of,
-                                          parse_chat_request, parse_completion_request)
+from gateway.openai_http.requests import (OpenAIParamError, OpenAIRequest, expect, json_object,
+                                          param_of, parse_chat_request, parse_completion_request)
 from gateway.openai_http.responses import OpenAIResponder, error_of
 from gateway.tenancy import tenant_of
 from pagedserve import __version__ as PAGEDSERVE_VERSION
@@ -194,9 +194,7 @@ class OpenAIHttpApi:
     async def _tokenizer_call(self, request: Request, call) -> Response:
         try:
             self._authenticate(request)
-            body = await _read_json(request)
-            if not isinstance(body, dict):
-                raise InvalidArgument("the request body must be a JSON object")
+            body = json_object(await _read_json(request))
             model = self.generator.model(expect(body.get("model", ""), "model", "string"))
             # A long prompt takes milliseconds to tokenize: off the event loop.
             return JSONResponse(await asyncio.to_thread(call, body, model))

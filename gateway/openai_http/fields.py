@@ -16,7 +16,7 @@ sends every row's example to a running gateway.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -42,7 +42,7 @@ class Field:
     # What the field-table test sends: the field with a value that must be refused (refused),
     # must work (supported) or must be accepted (ignored), with any companion fields it needs.
     # None: the field is part of every request's base body (model, prompt, messages).
-    example: dict[str, Any] | None = field(default=None)
+    example: dict[str, Any] | None = None
 
     def refusal(self) -> str:
         return f"{self.name} is not supported: {self.why}"
@@ -202,8 +202,9 @@ _BY_ENDPOINT: dict[str, dict[str, Field]] = {
     endpoint: {f.name: f for f in FIELDS if endpoint in f.endpoints} for endpoint in BOTH}
 
 
-def fields_of(endpoint: str) -> dict[str, Field]:
-    return _BY_ENDPOINT[endpoint]
+def unrecognized(name: str) -> tuple[str, str]:
+    """(message, field) for a key no API defines, in OpenAI's words."""
+    return f"Unrecognized request argument supplied: {name}", name
 
 
 def refused_field(body: dict[str, Any], endpoint: str) -> tuple[str, str] | None:
@@ -215,7 +216,7 @@ def refused_field(body: dict[str, Any], endpoint: str) -> tuple[str, str] | None
             continue
         entry = known.get(name)
         if entry is None:
-            return f"Unrecognized request argument supplied: {name}", name
+            return unrecognized(name)
         if entry.handling is Handling.REFUSED and not _is_neutral(value, entry.neutral):
             return entry.refusal(), name
     return None

@@ -135,9 +135,7 @@ class _Fields:
     naming the field, and so is a field this endpoint does not implement (fields.py)."""
 
     def __init__(self, body: object, endpoint: str) -> None:
-        if not isinstance(body, dict):
-            raise OpenAIParamError(
-                f"the request body must be a JSON object, got {_a(_json_type(body))}")
+        body = json_object(body)
         refusal = refused_field(body, endpoint)
         if refusal is not None:
             raise OpenAIParamError(*refusal)
@@ -155,6 +153,14 @@ class _Fields:
 
     def number(self, name: str, default: float) -> float:
         return float(self.get(name, default, "number"))
+
+
+def json_object(body: object) -> dict[str, Any]:
+    """`body` if it is a JSON object; every endpoint's body must be one."""
+    if not isinstance(body, dict):
+        raise OpenAIParamError(
+            f"the request body must be a JSON object, got {_a(_json_type(body))}")
+    return body
 
 
 def _json_type(value: object) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.executors.directory import ServedModel
+from gateway.openai_http.fields import unrecognized
 from gateway.openai_http.requests import OpenAIParamError, expect, parse_messages
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens",
@@ -37,11 +38,9 @@ def tokenize(body: dict[str, Any], model: ServedModel) -> dict[str, Any]:
         chat = parse_messages(messages)
         generation_prompt = expect(body.get("add_generation_prompt", True),
                                    "add_generation_prompt", "boolean")
-        # The template writes its own special tokens: adding more would double them.
         special = expect(body.get("add_special_tokens", False), "add_special_tokens", "boolean")
-        text = tokenizer.render_chat([{"role": m.role, "content": m.content} for m in chat],
-                                     generation_prompt)
-        tokens = tokenizer.encode(text, add_special_tokens=special)
+        tokens = tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in chat],
+                                       generation_prompt, add_special_tokens=special)
     strings = None
     if expect(body.get("return_token_strs", False), "return_token_strs", "boolean"):
         strings = [tokenizer.tokenizer.id_to_token(token) for token in tokens]
@@ -71,4 +70,4 @@ def tokenizer_info(model: ServedModel) -> dict[str, Any]:
 def _refuse_unknown(body: dict[str, Any], known: frozenset[str]) -> None:
     for name, value in body.items():
         if value is not None and name not in known:
-            raise OpenAIParamError(f"Unrecognized request argument supplied: {name}", name)
+            raise OpenAIParamError(*unrecognized(name))
