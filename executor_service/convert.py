@@ -2,7 +2,7 @@
 request ids). Sampling parameters and finish reasons are the shared protocol's codecs."""
 from __future__ import annotations
 
-from executor_service.engine.request_output import RequestOutput
+from executor_service.engine.request_output import RequestOutput, TokenLogprob
 from executor_service.serving_loop import Refusal
 from pagedserve.common.error_interceptor import status_of
 from pagedserve.common.errors import InvalidArgument
@@ -34,9 +34,9 @@ def update_to_proto(output: RequestOutput) -> pb.RequestUpdate:
             completion.cumulative_logprob = delta.cumulative_logprob
             completion.score = delta.score
         for logprob in delta.logprobs or ():
-            completion.logprobs.add(token_id=logprob.token_id, logprob=logprob.logprob,
-                                    top=[pb.TopLogprob(token_id=t, logprob=p)
-                                         for t, p in logprob.top])
+            completion.logprobs.append(logprob_to_proto(logprob))
+    for logprob in output.prompt_logprobs or ():
+        update.prompt_logprobs.append(logprob_to_proto(logprob))
     if output.usage is not None:
         update.usage.CopyFrom(pb.Usage(prompt_tokens=output.usage.prompt_tokens,
                                        completion_tokens=output.usage.completion_tokens,
@@ -44,6 +44,12 @@ def update_to_proto(output: RequestOutput) -> pb.RequestUpdate:
     if output.error:
         update.error, update.error_code = output.error, 13  # INTERNAL
     return update
+
+
+def logprob_to_proto(logprob: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(token_id=logprob.token_id, logprob=logprob.logprob,
+                           top=[pb.TopLogprob(token_id=t, logprob=p) for t, p in logprob.top],
+                           rank=logprob.rank)
 
 
 def refusal_to_proto(refusal: Refusal) -> pb.RequestUpdate:

@@ -61,6 +61,7 @@ async def serve(config: GatewayConfig) -> int:
     generator = Generator(directory, allocators, admission)
     metrics = GatewayMetrics()
     metrics.watch_admission(admission)
+    metrics.watch_models(lambda: directory.models)
     metrics.registry.register(ClusterCollector(allocators, directory))
     servicer = GatewayServicer(generator, metrics, config.api_keys)
     auth = (AsyncBearerTokenInterceptor(config.api_keys, API_KEY_HINT) if config.api_keys

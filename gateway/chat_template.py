@@ -17,8 +17,14 @@ the globals transformers offers (`raise_exception`, `strftime_now`, a non-escapi
 renders as nothing and `{% if tools %}` is false, which Hub templates rely on, while
 `{{ missing.attr }}` fails. Strict undefined would reject templates that transformers renders.
 
-Messages are validated before rendering: the role one of ROLES, the content a string. Any other
-key must hold a string too (`name`, `tool_call_id`) and is handed to the template as is.
+Messages are validated before rendering: the role one of ROLES, the content a string,
+`tool_calls` (assistant) a list of objects, shaped as transformers documents them:
+{"id", "type": "function", "function": {"name", "arguments": {...}}}. Any other key must hold a
+string (`name`, `tool_call_id`) and is handed to the template as is.
+
+Tools reach the template as transformers passes them: `tools` is the list of OpenAI function
+definitions, or None. A model whose tokenizer_config.json holds named templates renders a
+request with tools with its "tool_use" template when it has one, as transformers does.
 
 Errors: `ChatTemplateError` for a template that does not compile or fails while rendering (its
 `raise_exception` message verbatim), and its subclass `InvalidMessage` for malformed messages,
@@ -71,6 +77,8 @@ class ChatTemplate:
     special_tokens: Mapping[str, str]
     # True when the model has no template of its own and DEFAULT_CHAT_TEMPLATE stands in.
     is_default: bool
+    # The model's "tool_use" template, for requests with tools, when it names one apart.
+    tool_use_source: str | None = None
 
     @classmethod
     def from_files(cls, files: Mapping[str, bytes], special_tokens: Mapping[str, str]
@@ -78,16 +86,19 @@ class ChatTemplate:
         source = template_source(files)
         if source is None:
             return cls(DEFAULT_CHAT_TEMPLATE, dict(special_tokens), is_default=True)
-        return cls(source, dict(special_tokens), is_default=False)
+        return cls(source, dict(special_tokens), is_default=False,
+                   tool_use_source=template_source(files, "tool_use"))
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
-               ) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         checked = validate_messages(messages)
-        template = compile_template(self.source)
+        source = self.source if tools is None else self.tool_use_source or self.source
+        template = compile_template(source)
         try:
-            # tools and documents are passed as None like transformers does, for templates that
-            # test `tools is not none`.
-            return template.render(**self.special_tokens, messages=checked, tools=None,
+            # No tools and no documents are passed as None like transformers does, for
+            # templates that test `tools is not none`.
+            return template.render(**self.special_tokens, messages=checked,
+                                   tools=None if tools is None else list(tools),
                                    documents=None, add_generation_prompt=add_generation_prompt)
         except _TemplateRaised as error:
             raise ChatTemplateError(str(error.message)) from None
@@ -98,12 +109,16 @@ class ChatTemplate:
                 f"chat template failed: {type(error).__name__}: {error}") from None
 
 
-def template_source(files: Mapping[str, bytes]) -> str | None:
-    """The model's chat template text, or None when it has none."""
-    if "chat_template.jinja" in files:
-        return files["chat_template.jinja"].decode("utf-8")
+def template_source(files: Mapping[str, bytes], name: str = "default") -> str | None:
+    """The model's chat template text, or None when it has none. `name` picks among named
+    templates; only tokenizer_config.json names them."""
     config = json.loads(files.get("tokenizer_config.json", b"{}"))
     template = config.get("chat_template")
+    if name != "default":
+        return next((entry["template"] for entry in template if entry.get("name") == name),
+                    None) if isinstance(template, list) else None
+    if "chat_template.jinja" in files:
+        return files["chat_template.jinja"].decode("utf-8")
     if isinstance(template, list):
         # Named templates (e.g. "default" and "tool_use"); chat without tools uses "default".
         template = next((entry["template"] for entry in template
@@ -113,8 +128,9 @@ def template_source(files: Mapping[str, bytes]) -> str | None:
     return template
 
 
-def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """Plain copies of the messages, so the template sees only dicts of strings."""
+def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Plain copies of the messages, so the template sees only dicts of strings (and the
+    plain lists and dicts of `tool_calls`)."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
         raise InvalidMessage(f"messages must be a list, got {type(messages).__name__}")
     if not messages:
@@ -129,7 +145,11 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, s
                 raise InvalidMessage(f"messages[{index}] has no {field}")
         # transformers drops None-valued keys (OpenAI clients send `name: null`); so do we.
         plain = {key: value for key, value in message.items() if value is not None}
+        if "tool_calls" in plain:
+            plain["tool_calls"] = _tool_calls(plain["tool_calls"], index)
         for key, value in plain.items():
+            if key == "tool_calls":
+                continue
             if not isinstance(key, str) or type(value) is not str:
                 raise InvalidMessage(
                     f"messages[{index}].{key} must be a string, got {type(value).__name__}")
@@ -138,6 +158,22 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, s
                                  f"got {plain['role']!r}")
         checked.append(plain)
     return checked
+
+
+def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
+    # Deep plain copies: JSON-like values only, so the template cannot reach other objects.
+    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
+        raise InvalidMessage(f"messages[{index}].tool_calls must be a list, got "
+                             f"{type(calls).__name__}")
+    for number, call in enumerate(calls):
+        if not isinstance(call, Mapping):
+            raise InvalidMessage(f"messages[{index}].tool_calls[{number}] must be an object, "
+                                 f"got {type(call).__name__}")
+    try:
+        return json.loads(json.dumps(list(calls)))
+    except (TypeError, ValueError) as error:
+        raise InvalidMessage(f"messages[{index}].tool_calls must hold JSON values: {error}"
+                             ) from None
 
 
 def _raise_exception(message: str) -> None:

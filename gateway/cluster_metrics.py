@@ -45,36 +45,24 @@ class ClusterCollector(Collector):
         yield from self._allocator_metrics()
         yield from self._executor_metrics()
 
+    def describe(self) -> list[Metric]:
+        """Every family `collect` can yield, empty: the registry checks names with it, without
+        asking the services, and so can a test (a scrape shows pools only while they answer)."""
+        return declared_families()
+
     def _allocator_metrics(self) -> Iterator[Metric]:
         answers = self._allocators.ask("GetStats", apb.GetStatsRequest(), SCRAPE_TIMEOUT_S)
         for shard, error in answers.failures.items():
             log.warning("metrics: allocator %s GetStats failed: %s", shard, error.code().name)
-        up = GaugeMetricFamily("pagedserve_allocator_up",
-                               "1 when the allocator (every shard of a group) answered this "
-                               "scrape")
+        up, shard_up = _allocator_up_families()
         up.add_metric([], 0 if answers.failures else 1)
-        shard_up = GaugeMetricFamily("pagedserve_allocator_shard_up",
-                                     "1 when this allocator of the group answered this scrape",
-                                     labels=["shard"])
         for shard in self._allocators.shards:
             shard_up.add_metric([shard], 0 if shard in answers.failures else 1)
         yield from (up, shard_up)
         if not answers.replies:
             return
         stats = merge_stats(list(answers.replies.values()))
-        usage = GaugeMetricFamily("pagedserve_kv_usage_ratio",
-                                  "Used KV blocks over the pool's blocks", labels=["executor"])
-        blocks = GaugeMetricFamily("pagedserve_kv_blocks", "KV blocks by state",
-                                   labels=["executor", "state"])
-        hit_rate = GaugeMetricFamily("pagedserve_prefix_cache_hit_rate",
-                                     "Prompt tokens found in the prefix cache over those "
-                                     "looked up", labels=["executor"])
-        queried = CounterMetricFamily("pagedserve_prefix_cache_query_tokens",
-                                      "Prompt tokens looked up in the prefix cache",
-                                      labels=["executor"])
-        hits = CounterMetricFamily("pagedserve_prefix_cache_hit_tokens",
-                                   "Prompt tokens found in the prefix cache",
-                                   labels=["executor"])
+        usage, blocks, hit_rate, queried, hits = _pool_families()
         for pool in stats.pools:
             executor = [pool.executor_id]
             usage.add_metric(executor, pool.num_used_blocks / max(pool.num_blocks, 1))
@@ -87,15 +75,7 @@ class ClusterCollector(Collector):
         yield from (usage, blocks, hit_rate, queried, hits)
 
     def _executor_metrics(self) -> Iterator[Metric]:
-        preemptions = CounterMetricFamily("pagedserve_executor_preemptions",
-                                          "Sequences preempted for lack of KV blocks",
-                                          labels=["executor"])
-        stalls = CounterMetricFamily("pagedserve_executor_allocator_stalls",
-                                     "Iterations that waited on the allocator",
-                                     labels=["executor"])
-        requests = GaugeMetricFamily("pagedserve_executor_requests",
-                                     "Requests in the executor, by state",
-                                     labels=["executor", "state"])
+        preemptions, stalls, requests = _executor_families()
         for model in self._directory.models.values():
             for executor_id, entry in model.executors.items():
                 try:
@@ -110,3 +90,41 @@ class ClusterCollector(Collector):
                 requests.add_metric([executor_id, "running"], info.num_running)
                 requests.add_metric([executor_id, "waiting"], info.num_waiting)
         yield from (preemptions, stalls, requests)
+
+
+# The families, empty; `collect` fills fresh ones at each scrape, `describe` lists them.
+def declared_families() -> list[Metric]:
+    return [*_allocator_up_families(), *_pool_families(), *_executor_families()]
+
+
+def _allocator_up_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    return (GaugeMetricFamily("pagedserve_allocator_up", "1 when the allocator (every shard of "
+                              "a group) answered this scrape"),
+            GaugeMetricFamily("pagedserve_allocator_shard_up",
+                              "1 when this allocator of the group answered this scrape",
+                              labels=["shard"]))
+
+
+def _pool_families() -> tuple[Metric, ...]:
+    """Per executor pool: usage, blocks by state, prefix hit rate, looked-up and hit tokens."""
+    return (GaugeMetricFamily("pagedserve_kv_usage_ratio", "Used KV blocks over the pool's "
+                              "blocks", labels=["executor"]),
+            GaugeMetricFamily("pagedserve_kv_blocks", "KV blocks by state",
+                              labels=["executor", "state"]),
+            GaugeMetricFamily("pagedserve_prefix_cache_hit_rate", "Prompt tokens found in the "
+                              "prefix cache over those looked up", labels=["executor"]),
+            CounterMetricFamily("pagedserve_prefix_cache_query_tokens",
+                                "Prompt tokens looked up in the prefix cache",
+                                labels=["executor"]),
+            CounterMetricFamily("pagedserve_prefix_cache_hit_tokens",
+                                "Prompt tokens found in the prefix cache", labels=["executor"]))
+
+
+def _executor_families() -> tuple[Metric, ...]:
+    """Per executor: preemptions, allocator stalls, requests by state."""
+    return (CounterMetricFamily("pagedserve_executor_preemptions",
+                                "Sequences preempted for lack of KV blocks", labels=["executor"]),
+            CounterMetricFamily("pagedserve_executor_allocator_stalls",
+                                "Iterations that waited on the allocator", labels=["executor"]),
+            GaugeMetricFamily("pagedserve_executor_requests", "Requests in the executor, by "
+                              "state", labels=["executor", "state"]))

@@ -1,12 +1,12 @@
 """pagedserve.gateway.v1 messages ↔ the gateway's domain objects; nothing else."""
 from __future__ import annotations
 
-from gateway.choice_stream import ChoiceDelta
+from gateway.choice_stream import ChoiceDelta, TokenLogprob
 from gateway.generation import GenerationEvent
 from gateway.generation_request import ChatMessage, GenerationRequest
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.protocol.finish_reason import finish_reason_to_proto
-from pagedserve.protocol.sampling_codec import early_stopping_from_proto
+from pagedserve.protocol.sampling_codec import early_stopping_from_proto, structured_from_proto
 from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 
@@ -28,10 +28,15 @@ def sampling_from_proto(message: pb.SamplingOptions) -> SamplingParams:
         stop_token_ids=tuple(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
         logprobs=_optional(message, "logprobs", None),
+        prompt_logprobs=_optional(message, "prompt_logprobs", None),
         beam_width=_optional(message, "beam_width", 0),
         length_penalty=_optional(message, "length_penalty", 1.0),
         early_stopping=early_stopping_from_proto(message.early_stopping),
-        best_of=_optional(message, "best_of", None))
+        best_of=_optional(message, "best_of", None),
+        structured=(structured_from_proto(message.structured)
+                    if message.HasField("structured") else None),
+        logit_bias=tuple(sorted(message.logit_bias.items())),
+        allowed_token_ids=tuple(message.allowed_token_ids))
 
 
 def chat_from_proto(message: pb.ChatPrompt) -> tuple[tuple[ChatMessage, ...], bool]:
@@ -69,16 +74,24 @@ def choice_to_proto(delta: ChoiceDelta) -> pb.ChoiceDelta:
                              error=delta.error)
     if delta.score is not None:
         message.cumulative_logprob, message.score = delta.cumulative_logprob, delta.score
-    for entry in delta.logprobs:
-        message.logprobs.add(token_id=entry.token_id, token=entry.token, logprob=entry.logprob,
-                             top=[pb.TopLogprob(token_id=top.token_id, token=top.token,
-                                                logprob=top.logprob) for top in entry.top])
+    message.logprobs.extend(logprob_to_proto(entry) for entry in delta.logprobs)
     return message
+
+
+def logprob_to_proto(entry: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(token_id=entry.token_id, token=entry.token, logprob=entry.logprob,
+                           top=[pb.TopLogprob(token_id=top.token_id, token=top.token,
+                                              logprob=top.logprob) for top in entry.top],
+                           rank=entry.rank)
 
 
 def event_to_proto(event: GenerationEvent) -> pb.GenerateResponse:
     response = pb.GenerateResponse(choices=[choice_to_proto(c) for c in event.choices],
                                    model=event.model, request_id=event.request_id)
+    if event.prompt is not None and event.prompt.logprobs is not None:
+        # The first token's None (nothing to score it on) has no place in a repeated field.
+        response.prompt_logprobs.extend(logprob_to_proto(entry)
+                                        for entry in event.prompt.logprobs[1:])
     if event.usage is not None:
         response.usage.CopyFrom(pb.Usage(prompt_tokens=event.usage.prompt_tokens,
                                          completion_tokens=event.usage.completion_tokens,

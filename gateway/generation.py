@@ -32,11 +32,13 @@ from gateway.executors.directory import ExecutorDirectory, ExecutorEntry, Served
 from gateway.executors.link import LinkLost
 from gateway.generation_request import GenerationRequest
 from gateway.prompt import generation_budget, prompt_token_ids
+from gateway.prompt_report import PromptReport, prompt_report
 from gateway.tenancy import scoped_salt
 from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.common import errors
 from pagedserve.common.allocator_group import AllocatorGroup
 from pagedserve.common.errors import InvalidArgument, NotFound, Unavailable
+from pagedserve.protocol.finish_reason import finish_reason_from_proto
 from pagedserve.protocol.sampling_codec import sampling_to_proto
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,15 @@ class GenerationEvent:
     # On the first event only.
     model: str = ""
     request_id: str = ""
+    # On the first event, when the request echoes its prompt or asks for prompt logprobs.
+    prompt: PromptReport | None = None
+    # In a batch of prompts (openai_http/batch.py): which prompt `prompt` is.
+    prompt_index: int = 0
+    # On the first event: the prompt's token count (the usage's, ahead of the last event).
+    prompt_tokens: int = 0
+    # On the first event only: when (time.monotonic()) the request was submitted to the
+    # executor that serves it, after tokenizing, admission and routing (the queue time's end).
+    submitted_at: float | None = None
 
     @property
     def failure(self) -> str | None:
@@ -99,7 +110,9 @@ class Generator:
                        ) -> AsyncIterator[GenerationEvent]:
         """`tenant` (gateway/tenancy.py) scopes the request's prefix cache."""
         prompt, model = await asyncio.to_thread(self.tokenize, request)
-        max_tokens = generation_budget(request, len(prompt), model)
+        # max_tokens 0 (score or echo the prompt only): the executor generates one token,
+        # which is dropped, as vLLM does; the prompt's logits are what is wanted.
+        max_tokens = max(1, generation_budget(request, len(prompt), model))
         sampling = replace(request.sampling, max_tokens=max_tokens)
         sampling.validate(model.vocab_size)
         salt = scoped_salt(tenant, request.cache_salt)
@@ -114,13 +127,17 @@ class Generator:
                                 not request.keep_special_tokens)
                    for index in range(sampling.n)]
         first = GenerationEvent(model=model.name, request_id=request_id)
+        reports_prompt = request.echo or sampling.prompt_logprobs is not None
         tried: set[str] = set()
         for attempt in range(ATTEMPTS):
             entry = await self._route(model, prompt, salt, tried)
             tried.add(entry.executor_id)
             link = entry.link
             updates = link.submit(request_id, prompt, sampling_to_proto(sampling), salt)
+            if first is not None:
+                first.submitted_at = time.monotonic()
             sent_tokens = False
+            scored = []   # the prompt's scores (executor TokenLogprob messages)
             held = GenerationEvent()
             executor_done = False
             try:
@@ -139,7 +156,9 @@ class Generator:
                             raise executor_refusal(update)
                         yield self._fail(choices, len(prompt), update.error)
                         return
-                    event = self._advance(choices, update, link, request_id)
+                    scored += update.prompt_logprobs
+                    event = self._advance(choices, update, link, request_id,
+                                          score_only=request.max_tokens == 0)
                     if all(choice.finished for choice in choices) and not update.finished:
                         # Every choice met a stop string and the executor request is being
                         # cancelled: its last update (usage, cached tokens) is an iteration
@@ -147,16 +166,24 @@ class Generator:
                         held.choices += event.choices
                         continue
                     event.choices[:0], held.choices = held.choices, []
+                    if not (event.choices or update.finished):
+                        continue   # e.g. the prompt's scores, ahead of the first token
                     if first is not None:
-                        event.model, event.request_id, first = first.model, first.request_id, None
+                        event.model, event.request_id = first.model, first.request_id
+                        event.submitted_at, first = first.submitted_at, None
+                        event.prompt_tokens = len(prompt)
+                        if reports_prompt:
+                            # The scores come by the first token's update at the latest.
+                            event.prompt = prompt_report(
+                                model.tokenizer, prompt, request.text,
+                                scored if sampling.prompt_logprobs is not None else None)
                     sent_tokens = sent_tokens or any(d.token_ids for d in event.choices)
                     if update.finished:
                         event.usage = Usage(len(prompt), sum(c.num_tokens for c in choices),
                                             update.usage.cached_tokens)
-                        yield event
+                    yield event
+                    if update.finished:
                         return
-                    if event.choices:
-                        yield event
             finally:
                 # Also reached when the client goes away (its task is cancelled, or it closes
                 # this generator): the executor must stop computing for nobody.
@@ -166,12 +193,19 @@ class Generator:
             request_id = new_request_id()   # the failed executor may still know the old one
         raise Unavailable("no executor could serve the request")  # pragma: no cover
 
-    def _advance(self, choices: list[ChoiceStream], update, link, request_id: str
-                 ) -> GenerationEvent:
+    def _advance(self, choices: list[ChoiceStream], update, link, request_id: str,
+                 score_only: bool = False) -> GenerationEvent:
+        """`score_only`: max_tokens 0, whose one generated token is dropped."""
         event = GenerationEvent()
         for completion in update.completions:
             choice = choices[completion.index]
             if choice.finished:   # stopped by a stop string; the executor goes on for now
+                continue
+            if score_only:
+                if completion.finish_reason:
+                    reason = finish_reason_from_proto(completion.finish_reason)
+                    event.choices.append(choice.end(
+                        "length" if reason in ("stop", "length") else reason))
                 continue
             delta = choice.advance(list(completion.token_ids), completion.logprobs,
                                    completion.finish_reason)

@@ -18,9 +18,9 @@ def prompt_token_ids(request: GenerationRequest, model: ServedModel) -> list[int
                     f"vocabulary [0, {model.vocab_size})")
         return ids
     if request.chat is not None:
-        ids = model.tokenizer.encode_chat([{"role": m.role, "content": m.content}
-                                           for m in request.chat],
-                                          add_generation_prompt=request.add_generation_prompt)
+        ids = model.tokenizer.encode_chat([m.template_message() for m in request.chat],
+                                          add_generation_prompt=request.add_generation_prompt,
+                                          tools=request.tools)
     else:
         ids = model.tokenizer.encode(request.text)
     if not ids:

@@ -32,7 +32,7 @@ class GatewayServicer(pb_grpc.GatewayServicer):
         tenant = tenant_of(dict(context.invocation_metadata() or ()).get("authorization"),
                            self.api_keys)
         events = self.metrics.observe(
-            self.generator.generate(request_from_proto(request), tenant), "grpc")
+            self.generator.generate(request_from_proto(request), tenant), "grpc", request.model)
         failure = None
         async with aclosing(events):
             async for event in events:

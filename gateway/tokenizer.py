@@ -73,16 +73,18 @@ class GatewayTokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]],
-                    add_generation_prompt: bool = True) -> str:
+                    add_generation_prompt: bool = True,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """Raises ChatTemplateError (or its InvalidMessage) for a request that cannot render."""
-        return self.chat_template.render(messages, add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt, tools)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]],
                     add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False) -> list[int]:
+                    add_special_tokens: bool = False,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         # The template writes BOS and the like itself; adding them again would double them,
         # so only a caller who asks (vLLM's /tokenize takes the flag) gets them added.
-        return self.encode(self.render_chat(messages, add_generation_prompt),
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools),
                            add_special_tokens=add_special_tokens)
 
     def _token_id(self, name: str) -> int | None:

@@ -18,6 +18,7 @@ from executor_service.model.compiled_forward import compile_segments, compile_wa
 from executor_service.model.kernel_warm_up import warm_up_kernels
 from executor_service.model.loader import load_model, resolve_dtype
 from executor_service.model.model_config import ModelConfig
+from executor_service.model.tokenizer_files import TOKENIZER_JSON
 from kernels import KvCacheSpec, allocate_kv_cache
 from kernels.dispatch import runs_triton
 from pagedserve.protocol.limits import Limits
@@ -88,6 +89,13 @@ def blocks_for_budget(budget: int, bytes_per_block: int,
     return min(wanted, limit)
 
 
+def _tokenizer_json(directory: Path) -> str | None:
+    """The text structured output compiles grammars against (executor_service/engine/
+    grammar.py); a checkpoint without one serves free text only."""
+    path = directory / TOKENIZER_JSON
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
 def build_engine(directory: Path, options: EngineOptions, allocator: BlockAllocator) -> Engine:
     """The engine for a checkpoint, its pool registered with `allocator`: the service's client
     (RemoteBlockAllocator) in an executor, an in-process LocalBlockAllocator elsewhere."""
@@ -119,7 +127,8 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
     engine = Engine.for_model(model, kv_cache, allocator, scheduler,
                               max_model_len=max_model_len,
                               eos_token_ids=config.eos_token_ids,
-                              sampler_seed=options.sampler_seed)
+                              sampler_seed=options.sampler_seed,
+                              tokenizer_json=_tokenizer_json(directory))
     # Everything that compiles, before the first request: the Triton kernels (each variant a
     # serving run meets), then the decode graphs (which need every kernel compiled already).
     if runs_triton(kv_cache):

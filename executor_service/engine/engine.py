@@ -18,6 +18,7 @@ import torch
 
 from executor_service.engine.beam_search import BeamSearch, Hypothesis
 from executor_service.engine.block_allocator import BlockAllocator
+from executor_service.engine.grammar import GrammarCompiler, accept_token
 from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Beams, Request, Sequence, SequenceStatus
@@ -29,6 +30,7 @@ from executor_service.engine.step_inputs import StepInputs
 from executor_service.engine.step_plan import StepPlan, append_op
 from executor_service.engine.stop_check import finish_reason_after
 from executor_service.engine.token_counts import TokenCounts
+from executor_service.engine.token_mask import NO_MASKS, TokenMasks, TokenMaskWorker
 from executor_service.model.causal_lm import CausalLM
 from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
 from pagedserve.protocol.block_ops import AppendOp, FreeOp, OpStatus
@@ -43,10 +45,13 @@ def blocks_per_seq(max_model_len: int, config: SchedulerConfig) -> int:
 class Engine:
     def __init__(self, runner: ForwardPass, sampler: TokenSampler, allocator: BlockAllocator,
                  scheduler_config: SchedulerConfig, *, vocab_size: int, max_model_len: int,
-                 eos_token_ids: Seq[int]) -> None:
+                 eos_token_ids: Seq[int], grammars: GrammarCompiler | None = None) -> None:
         """An engine over any forward pass and sampler: `for_model` builds the real ones; the
-        fleet simulator (bench/fleet/) passes a timed wait and seeded random tokens."""
+        fleet simulator (bench/fleet/) passes a timed wait and seeded random tokens.
+        `grammars` compiles structured output for the model's tokenizer; None refuses it."""
         self.runner, self.sampler, self.allocator = runner, sampler, allocator
+        self.grammars = grammars
+        self.token_masks = TokenMaskWorker(vocab_size) if grammars is not None else None
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -61,15 +66,20 @@ class Engine:
     @classmethod
     def for_model(cls, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
                   scheduler_config: SchedulerConfig, *, max_model_len: int,
-                  eos_token_ids: Seq[int], sampler_seed: int | None = None) -> Engine:
-        """The serving engine: `model` computing into `kv_cache`, the real sampler."""
+                  eos_token_ids: Seq[int], sampler_seed: int | None = None,
+                  tokenizer_json: str | None = None) -> Engine:
+        """The serving engine: `model` computing into `kv_cache`, the real sampler; structured
+        output when given the checkpoint's tokenizer.json text."""
         inputs = StepInputs(scheduler_config.max_num_seqs,
                             scheduler_config.max_num_batched_tokens,
                             blocks_per_seq(max_model_len, scheduler_config),
                             scheduler_config.block_size, kv_cache.device)
+        grammars = (None if tokenizer_json is None else
+                    GrammarCompiler(tokenizer_json, model.config.vocab_size, eos_token_ids))
         return cls(ModelRunner(model, kv_cache, inputs), Sampler(sampler_seed), allocator,
                    scheduler_config, vocab_size=model.config.vocab_size,
-                   max_model_len=max_model_len, eos_token_ids=eos_token_ids)
+                   max_model_len=max_model_len, eos_token_ids=eos_token_ids,
+                   grammars=grammars)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -94,18 +104,29 @@ class Engine:
             raise InvalidArgument(f"{what} are more sequences than this "
                                   f"executor runs at once (max_num_seqs "
                                   f"{self.scheduler.config.max_num_seqs})")
+        matcher = self._matcher(params)
         request = Request(request_id, list(prompt_token_ids), params, cache_salt,
                           arrival=next(self._arrivals))
         generator = None if params.seed is None else \
             make_generator(params.seed, self.runner.device)
         first = Sequence(f"{request_id}#0", request, 0, list(prompt_token_ids),
-                         len(prompt_token_ids), generator=generator)
+                         len(prompt_token_ids), generator=generator, matcher=matcher)
         request.sequences.append(first)
         if params.beam_search:
             request.beams = Beams(self._beam_search(params, len(prompt_token_ids)),
                                   [first] * params.beam_width)
         self.requests[request_id] = request
         self.scheduler.add(request)
+
+    def _matcher(self, params: SamplingParams):
+        """The first sequence's grammar matcher (compiled now, so a bad schema is refused
+        before anything runs), or None for free text."""
+        if params.structured is None:
+            return None
+        if self.grammars is None:
+            raise InvalidArgument("structured output needs the model's tokenizer, which this "
+                                  "engine was built without")
+        return self.grammars.matcher(params.structured)
 
     def _beam_search(self, params: SamplingParams, num_prompt_tokens: int) -> BeamSearch:
         width_limit = self.scheduler.config.max_beam_width
@@ -187,14 +208,36 @@ class Engine:
             handle = self.allocator.submit(plan.block_ops())
         if plan.needs_answer:
             self._apply(plan, handle.result())
+            masks = self._start_masks(plan)
             logits, sampled = self.runner.execute(plan.work, plan.copies)
         else:
+            masks = self._start_masks(plan)
             logits, sampled = self.runner.execute(plan.work, plan.copies)
             if handle is not None:
                 self._apply(plan, handle.result())
+        self._report_prompt_scores(plan.work)
         if logits is not None:
-            self._sample(logits, sampled)
+            self._sample(logits, sampled, masks.wait())
         return self.outputs.drain()
+
+    def _start_masks(self, plan: StepPlan) -> TokenMasks:
+        """Structured output's masks for the sequences this iteration samples (those whose
+        chunk reaches their last token), computed on a worker thread during the forward pass:
+        they depend only on tokens already accepted (token_mask.py)."""
+        if self.token_masks is None:
+            return NO_MASKS
+        return self.token_masks.start(seq for seq, chunk in plan.work
+                                      if chunk == seq.num_uncomputed)
+
+    def _report_prompt_scores(self, work: list[tuple[Sequence, int]]) -> None:
+        """Reports the prompt logprobs of requests whose prompt is now scored (the model
+        runner scores it as the prompt is computed)."""
+        for seq, _ in work:
+            request = seq.request
+            if (request.params.prompt_logprobs is not None
+                    and not request.prompt_logprobs_reported and not request.scoring_prompt):
+                request.prompt_logprobs_reported = True
+                self.outputs.prompt_logprobs(request)
 
     def _apply(self, plan: StepPlan, result) -> None:
         for seq, chunk in self.scheduler.apply(plan, result):
@@ -222,7 +265,8 @@ class Engine:
                 plan.work.append((seq, chunk))
                 return
 
-    def _sample(self, logits: torch.Tensor, sampled: list[Sequence]) -> None:
+    def _sample(self, logits: torch.Tensor, sampled: list[Sequence],
+                masks: TokenMasks = NO_MASKS) -> None:
         rows: list[SamplingRow] = []
         # (sequence, choice index it produces, that choice's generator)
         owners: list[tuple[Sequence, int, torch.Generator | None]] = []
@@ -242,7 +286,8 @@ class Engine:
             counts = self._token_counts(seq) if request.params.has_penalties else None
             for index in range(fanout):
                 generator = seq.generator if index == 0 else self._child_generator(request, index)
-                rows.append(SamplingRow(request.params, (), (), generator, counts))
+                rows.append(SamplingRow(request.params, (), (), generator, counts,
+                                        token_mask=masks.row(seq)))
                 owners.append((seq, index, generator))
         for request in deciding.values():
             if request.beams.ready():
@@ -372,6 +417,9 @@ class Engine:
                          len(prompt), generator=generator,
                          num_computed=len(prompt), num_reported=len(prompt),
                          fork_parent=parent)
+        if parent.matcher is not None:
+            # Before the parent accepts its own first token: both were drawn from its state.
+            child.matcher = parent.matcher.deep_copy()
         request.sequences.append(child)
         return child
 
@@ -386,6 +434,11 @@ class Engine:
         reason = finish_reason_after(seq.request.params, token,
                                      num_tokens - seq.num_prompt_tokens, self.eos_token_ids,
                                      num_tokens=num_tokens, max_model_len=self.max_model_len)
+        # A complete grammar's mask allows only EOS, so the sequence ends on an EOS as any
+        # other (the gateway drops a "stop" finish's last token); ignore_eos yields here.
+        if (seq.matcher is not None and accept_token(seq.matcher, token)
+                and token in self.eos_token_ids):
+            reason = "stop"
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self.outputs.finished(seq)

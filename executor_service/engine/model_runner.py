@@ -1,12 +1,15 @@
 """One forward pass over an iteration's work: the copy-on-write copies first, then the model
 over the flattened batch (step_inputs.py lays it out), and the logits of every sequence that
 reached the end of its tokens (a decode, or the last chunk of a prompt). A pure decode replays
-a captured CUDA graph when the engine has them (cuda_graphs.py)."""
+a captured CUDA graph when the engine has them (cuda_graphs.py). The prompt positions of
+requests that score their prompt are scored here too, from the same hidden states
+(prompt_logprobs.py)."""
 from __future__ import annotations
 
 import torch
 
 import kernels
+from executor_service.engine import prompt_logprobs
 from executor_service.engine.cuda_graphs import DecodeGraphs
 from executor_service.engine.request import Sequence
 from executor_service.engine.step_inputs import StepInputs
@@ -47,6 +50,8 @@ class ModelRunner:
             seq.num_computed += 1
         for seq, chunk in prefill:
             seq.num_computed += chunk
+        if inputs.prompt_spans:
+            prompt_logprobs.score(hidden, self.model.logits, inputs.prompt_spans)
         sampled = inputs.sampled
         if not sampled:
             return None, []

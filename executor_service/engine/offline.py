@@ -21,6 +21,8 @@ class Completion:
     cumulative_logprobs: list[float | None] = field(default_factory=list)
     # Each choice's tokens' logprobs, when the params ask for them.
     logprobs: list[list[TokenLogprob]] = field(default_factory=list)
+    # The prompt's tokens 1 .. P-1 scored, when the params ask for prompt logprobs.
+    prompt_logprobs: list[TokenLogprob] | None = None
     usage: Usage | None = None
     error: str | None = None
 
@@ -42,6 +44,8 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]],
             break
         for output in engine.step():
             completion = completions[output.request_id]
+            if output.prompt_logprobs is not None:
+                completion.prompt_logprobs = output.prompt_logprobs
             for delta in output.deltas:
                 completion.choices[delta.index] += delta.token_ids
                 completion.logprobs[delta.index] += delta.logprobs or []

@@ -12,6 +12,7 @@ class OutputCollector:
         self._deltas: dict[str, dict[int, SequenceDelta]] = {}
         self._requests: dict[str, Request] = {}
         self._done: set[str] = set()
+        self._scored: set[str] = set()
 
     def _delta(self, seq: Sequence) -> SequenceDelta:
         request = seq.request
@@ -42,6 +43,12 @@ class OutputCollector:
                                           cumulative_logprob=choice.cumulative_logprob,
                                           score=choice.score, logprobs=choice.logprobs)
 
+    def prompt_logprobs(self, request: Request) -> None:
+        """The request's prompt is scored: its prompt logprobs go out in the next report."""
+        self._requests[request.request_id] = request
+        self._deltas.setdefault(request.request_id, {})
+        self._scored.add(request.request_id)
+
     def finished(self, seq: Sequence) -> None:
         params = seq.request.params
         if params.ranks_samples and (seq.index >= params.n or seq.finish_reason in ("stop",
@@ -66,10 +73,13 @@ class OutputCollector:
             done = request_id in self._done
             outputs.append(RequestOutput(
                 request_id, [deltas[index] for index in sorted(deltas)], finished=done,
-                usage=usage(request) if done else None, error=request.error if done else None))
+                usage=usage(request) if done else None, error=request.error if done else None,
+                prompt_logprobs=request.prompt_logprobs if request_id in self._scored
+                else None))
         self._deltas.clear()
         self._requests.clear()
         self._done.clear()
+        self._scored.clear()
         return outputs
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from executor_service.engine.beam_search import BeamSearch, Hypothesis
 from executor_service.engine.request_output import TokenLogprob
 from executor_service.engine.token_counts import TokenCounts
 from pagedserve.protocol.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -52,6 +56,10 @@ class Sequence:
     num_computed: int = 0
     num_reported: int = 0
     num_cached_tokens: int = 0                   # prompt tokens served from the prefix cache
+    # A request scoring its prompt recomputes the tokens it found in the prefix cache, to
+    # read their logits: positions below this hold K/V in shared cached blocks, which the
+    # recompute reads and does not write again (prompt_logprobs.py).
+    rescore_below: int = 0
     # The last block may be shared with a fork sibling: the next write may copy it first,
     # which only the allocator's answer tells.
     may_copy_on_write: bool = False
@@ -64,6 +72,9 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     # The penalties' token counts, made at the first sampling of a request that has any.
     token_counts: TokenCounts | None = None
+    # Structured output: the grammar's state after this sequence's generated tokens
+    # (grammar.py); None for free text.
+    matcher: LLMatcher | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -98,7 +109,7 @@ class Sequence:
         every token (from the prefix cache where the allocator still has them)."""
         self.status = SequenceStatus.WAITING
         self.block_table = []
-        self.num_computed = self.num_reported = 0
+        self.num_computed = self.num_reported = self.rescore_below = 0
         self.may_copy_on_write = False
 
 
@@ -118,6 +129,10 @@ class Request:
     num_preemptions: int = 0
     # Beam search: the decisions (beam_search.py), and which sequence holds which beam.
     beams: Beams | None = None
+    # SamplingParams.prompt_logprobs: prompt tokens 1, 2, ... as far as they are scored, and
+    # whether they went out (once, when all are in).
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs_reported: bool = False
     # The choices as they are returned when they are decided only at the end (beam search,
     # best_of): best first.
     final_choices: list[Hypothesis] | None = None
@@ -125,6 +140,12 @@ class Request:
     @property
     def finished(self) -> bool:
         return all(seq.status is SequenceStatus.FINISHED for seq in self.sequences)
+
+    @property
+    def scoring_prompt(self) -> bool:
+        """Whether prompt tokens are still to be scored: the prompt's logits are wanted."""
+        return (self.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1)
 
 
 @dataclass(slots=True, eq=False)

@@ -10,6 +10,9 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+    # The token's rank in its position's distribution (1: the most likely); reported for
+    # prompt tokens, as vLLM reports them.
+    rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -39,3 +42,6 @@ class RequestOutput:
     finished: bool = False
     usage: Usage | None = None           # on the last output of a request
     error: str | None = None
+    # Once, when the prompt has been scored (SamplingParams.prompt_logprobs): prompt tokens
+    # 1 .. P-1 (the first has nothing before it to be scored on).
+    prompt_logprobs: list[TokenLogprob] | None = None

@@ -2,6 +2,13 @@
 
 Each row goes through these steps, in the order vLLM and HF transformers use:
 
+0. Constraints, as vLLM's v1 sampler orders them: the structured-output grammar's mask
+   (token_mask.py; vLLM applies it in the model runner, before the sampler), then
+   allowed_token_ids (every other token to -inf), then logit_bias (added). Only then the
+   penalties, so a bias moves the logit a penalty then scales, as in vLLM. Where we differ:
+   vLLM takes logprobs from the raw logits, before all of this; ours come after step 1 (below)
+   and so after the constraints too, describing the distribution actually sampled from. A
+   constrained token's logprob is -inf, and the chosen token's is always finite.
 1. Penalties. Repetition (HF): for every token in the prompt or the output, a positive logit is
    divided by the penalty and a negative one multiplied. Then presence and frequency (OpenAI),
    over output tokens only: logit -= presence * (count > 0) + frequency * count.
@@ -51,6 +58,9 @@ class SamplingRow:
     # The penalties' token counts, kept by the engine as tokens arrive (token_counts.py);
     # None: counted from the two lists above.
     counts: TokenCounts | None = None
+    # Structured output: the tokens the grammar allows next, one bit per id in int32 words
+    # ([ceil(vocab / 32)], on the CPU: token_mask.py); None: unconstrained.
+    token_mask: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -103,6 +113,7 @@ class Sampler:
         # step below works in place.
         logits = logits.to(torch.float32, copy=True)
         device = logits.device
+        apply_constraints(logits, rows)
         apply_penalties(logits, rows)
 
         logprob_rows = [i for i, row in enumerate(rows) if row.params.needs_token_logprobs]
@@ -168,6 +179,34 @@ class Sampler:
                 generator.manual_seed(self._seed)
             self._generators[device] = generator
         return generator
+
+
+def apply_constraints(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """The grammar masks, allowed_token_ids and logit_bias, in place on float32 [rows, vocab]."""
+    device, vocab = logits.device, logits.shape[1]
+    masked = [i for i, row in enumerate(rows) if row.token_mask is not None]
+    if masked:
+        index = _index(masked, device)
+        bitmask = torch.stack([rows[i].token_mask for i in masked]).to(device, non_blocking=True)
+        logits[index] = logits[index].masked_fill_(~unpack_bitmask(bitmask, vocab),
+                                                   float("-inf"))
+    for i, row in enumerate(rows):
+        if row.params.allowed_token_ids:
+            allowed = torch.zeros(vocab, dtype=torch.bool, device=device)
+            allowed[_index(row.params.allowed_token_ids, device)] = True
+            logits[i].masked_fill_(~allowed, float("-inf"))
+        if row.params.logit_bias:
+            ids, biases = zip(*row.params.logit_bias)
+            logits[i].index_add_(0, _index(ids, device),
+                                 torch.tensor(biases, dtype=torch.float32, device=device))
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, words] int32 bitmask (bit b of word w is token 32 * w + b) -> [rows, vocab] bool."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    # An arithmetic shift of a negative word still leaves its bit b in place at bit 0.
+    allowed = (bitmask.unsqueeze(-1) >> bits) & 1
+    return allowed.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
 
 
 def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:

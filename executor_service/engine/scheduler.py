@@ -253,6 +253,11 @@ class Scheduler:
                 if seq.request.num_preemptions == 0:  # usage reports the first admission's
                     seq.num_cached_tokens = answer.num_cached_tokens
                 seq.num_computed = answer.num_cached_tokens
+                if seq.request.scoring_prompt:
+                    # The cached tokens' logits are wanted too: recompute them from where
+                    # the scoring stopped, reading the cached blocks without writing them.
+                    seq.rescore_below = seq.num_computed
+                    seq.num_computed = min(seq.num_computed, len(seq.request.prompt_logprobs))
                 seq.status = SequenceStatus.RUNNING
                 if seq.request.admitted < 0:
                     seq.request.admitted = next(self._admissions)

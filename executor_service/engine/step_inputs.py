@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from executor_service.engine.mirrored_buffer import MirroredBuffer
+from executor_service.engine.prompt_logprobs import PromptSpan, span_of
 from executor_service.engine.request import Sequence
 from executor_service.model.attention_batch import AttentionBatch
 
@@ -36,6 +37,8 @@ class ForwardInputs:
     # len(sampled) rows (the decode rows, when no prefill ends).
     sampled: list[Sequence]
     sample_rows: torch.Tensor | None
+    # Prompt positions whose logits score the prompt (requests asking for prompt logprobs).
+    prompt_spans: list[PromptSpan]
 
 
 @dataclass(slots=True)
@@ -184,12 +187,21 @@ class StepInputs:
         sampled = list(decode)
         sample_rows: list[int] | None = None
         query_start, seq_lens = [0], []
+        prompt_spans: list[PromptSpan] = []
         for seq, chunk in prefill:
             start = seq.num_computed
+            if seq.request.scoring_prompt:
+                scored = span_of(seq, start, chunk, len(token_ids))
+                if scored is not None:
+                    prompt_spans.append(scored)
             token_ids += seq.token_ids[start:start + chunk]
             span = range(start, start + chunk)
             positions += span
-            slots += [seq.slot(position, block_size) for position in span]
+            if start >= seq.rescore_below:
+                slots += [seq.slot(position, block_size) for position in span]
+            else:   # cached K/V read again to score the prompt: not stored twice
+                slots += [seq.slot(position, block_size) if position >= seq.rescore_below
+                          else -1 for position in span]
             query_start.append(query_start[-1] + chunk)
             seq_lens.append(start + chunk)
             if start + chunk == len(seq.token_ids):
@@ -233,7 +245,8 @@ class StepInputs:
             self._sample_rows.host.numpy()[:len(sample_rows)] = sample_rows
             rows = self._sample_rows.upload(len(sample_rows))
         inputs = ForwardInputs(self._token_ids.upload(num_tokens),
-                               self._positions.upload(num_tokens), batch, sampled, rows)
+                               self._positions.upload(num_tokens), batch, sampled, rows,
+                               prompt_spans)
         if self._mirrored:
             self._copied = torch.cuda.Event()
             self._copied.record()

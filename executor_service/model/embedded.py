@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 EMBEDDED_MODEL_NAME = "pagedserve-embedded-llama"
 # Part of the cache directory name: bump it whenever anything below changes what is written.
-EMBEDDED_MODEL_VERSION = 2   # 2: only printable ASCII bytes can be generated
+EMBEDDED_MODEL_VERSION = 3   # 2: only printable ASCII bytes can be generated; 3: tool calls
 WEIGHTS_SEED = 20240917
 
 BOS_TOKEN = "<|begin_of_text|>"
@@ -65,9 +65,42 @@ BAN_WEIGHT = 2.0 ** 15
 ENDING_WEIGHT = 2.0
 
 # Each message is `<|role|>content<|end|>`; a generation prompt opens the assistant's turn.
+# Tools follow the Hermes / Qwen 2.5 convention, which gateway/tool_calls.py parses: with tools,
+# a first system turn lists them as JSON lines inside <tools></tools> (after the request's own
+# system message) and shows the call format; an assistant's calls are written as
+# `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks; tool results come
+# back in a user turn, one <tool_response></tool_response> block per consecutive tool message.
+# Without tools or tool messages a conversation renders as it always did.
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|system|>' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ 'You can call functions. Their signatures are listed one per line between <tools> and "
+    "</tools>:\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools>\n\nTo call a function, answer with its name and arguments as a JSON object "
+    "between <tool_call> and </tool_call>, one block per call:\n<tool_call>\n"
+    "{\"name\": <function name>, \"arguments\": <arguments object>}\n</tool_call><|end|>' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|user|>' }}"
+    "{% else %}{{ '\n' }}{% endif %}"
+    "{{ '<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|end|>' }}{% endif %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|assistant|>' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set arguments = call['function']['arguments'] %}"
+    "{% if message['content'] or not loop.first %}{{ '\n' }}{% endif %}"
+    "{{ '<tool_call>\n{\"name\": ' + (call['function']['name'] | tojson) + ', \"arguments\": ' "
+    "+ (arguments if arguments is string else arguments | tojson) + '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|end|>' }}"
+    "{% else %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )

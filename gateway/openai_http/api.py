@@ -2,6 +2,7 @@
 shares.
 
     POST /v1/completions, /v1/chat/completions   JSON, or SSE with "stream": true
+    POST /v1/responses                           OpenAI's Responses API (responses_api.py)
     GET  /v1/models, /v1/models/{id}
     POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's, over the model's tokenizer
     GET  /health, GET|POST /ping                 200 while an executor is ready, else 503
@@ -45,6 +46,8 @@ from gateway.openai_http.errors import error_body, http_status_of
 from gateway.openai_http.requests import (OpenAIParamError, OpenAIRequest, expect, json_object,
                                           param_of, parse_chat_request, parse_completion_request)
 from gateway.openai_http.responses import OpenAIResponder, error_of
+from gateway.openai_http.responses_api import (ResponsesRequest, ResponsesResponder,
+                                               parse_responses_request)
 from gateway.tenancy import tenant_of
 from pagedserve import __version__ as PAGEDSERVE_VERSION
 from pagedserve.common.auth import bearer_refusal
@@ -66,6 +69,7 @@ class OpenAIHttpApi:
         self.app = Starlette(routes=[
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
@@ -87,6 +91,9 @@ class OpenAIHttpApi:
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, parse_chat_request)
+
+    async def responses(self, request: Request) -> Response:
+        return await self._generate(request, parse_responses_request)
 
     async def list_models(self, request: Request) -> Response:
         self._authenticate(request)
@@ -129,17 +136,23 @@ class OpenAIHttpApi:
 
     # -- generation ------------------------------------------------------------------------------
     async def _generate(self, request: Request, parse) -> Response:
+        self._authenticate(request)   # refused by the exception handler, and not counted
+        body: object = None
         try:
-            self._authenticate(request)
-            parsed: OpenAIRequest = parse(await _read_json(request))
+            body = await _read_json(request)
+            parsed: OpenAIRequest = parse(body)
         except ClientDisconnect:
             # Gone before its body arrived: an ordinary client's doing, not a server error.
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as error:  # noqa: BLE001 - every refusal becomes an OpenAI error body
+            # Refused before it became a generation, so `observe` never sees it: counted here.
+            model = body.get("model") if isinstance(body, dict) else None
+            self.metrics.count_refusal("http", error, model)
             return _error_response(error)
         tenant = tenant_of(request.headers.get("authorization"), self.api_keys)
         events = merged([self.metrics.observe(self.generator.generate(generation, tenant),
-                                              "http") for generation in parsed.generations],
+                                              "http", generation.model)
+                         for generation in parsed.generations],
                         parsed.generation.sampling.n)
         try:
             first = await _unless_disconnected(request, anext(events, None))
@@ -149,9 +162,7 @@ class OpenAIHttpApi:
         except Exception as error:  # noqa: BLE001
             await events.aclose()
             return _error_response(error)
-        prefix = "chatcmpl-" if parsed.chat else "cmpl-"
-        responder = OpenAIResponder(parsed, prefix + uuid.uuid4().hex[:24], int(time.time()),
-                                    first.model if first else parsed.generation.model)
+        responder = _responder(parsed, first.model if first else parsed.generation.model)
         headers = {"x-request-id": first.request_id} if first else {}
         if parsed.stream:
             return StreamingResponse(self._sse(first, events, responder),
@@ -188,8 +199,9 @@ class OpenAIHttpApi:
                 if not isinstance(error, PagedServeError):
                     log.error("HTTP stream failed", exc_info=error)
                 _, type_, code = http_status_of(error)
-                yield _sse_data(error_body(str(error), type_, _param(error), code))
-        yield "data: [DONE]\n\n"
+                yield _sse_data(responder.error_chunk(str(error), type_, _param(error), code))
+        if responder.ends_with_done:
+            yield "data: [DONE]\n\n"
 
     async def _tokenizer_call(self, request: Request, call) -> Response:
         try:
@@ -218,7 +230,7 @@ class OpenAIHttpApi:
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return JSONResponse(error_body(
             f"no route {request.url.path}; the API lives under /v1 (completions, "
-            "chat/completions, models)", "invalid_request_error"), status_code=404)
+            "chat/completions, responses, models)", "invalid_request_error"), status_code=404)
 
     async def _not_allowed(self, request: Request, exc: Exception) -> Response:
         return JSONResponse(error_body(
@@ -316,8 +328,19 @@ def _error_response(error: Exception) -> Response:
     return JSONResponse(error_body(str(error), type_, _param(error), code), status_code=status)
 
 
+def _responder(parsed: OpenAIRequest | ResponsesRequest, model: str
+               ) -> OpenAIResponder | ResponsesResponder:
+    if isinstance(parsed, ResponsesRequest):
+        return ResponsesResponder(parsed, f"resp_{uuid.uuid4().hex}", int(time.time()), model)
+    prefix = "chatcmpl-" if parsed.chat else "cmpl-"
+    return OpenAIResponder(parsed, prefix + uuid.uuid4().hex[:24], int(time.time()), model)
+
+
 def _sse_data(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    # The Responses API's events are named by their type, as OpenAI's are; chat and completion
+    # chunks have no type, and go unnamed.
+    name = f"event: {payload['type']}\n" if "type" in payload else ""
+    return f"{name}data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def _model_card(model) -> dict:

@@ -42,7 +42,7 @@ async def merged(streams: Sequence[AsyncIterator[GenerationEvent]], n: int
                 raise item
             if item.usage is not None:
                 usages.append(item.usage)
-            event = replace(item, usage=None, choices=[
+            event = replace(item, usage=None, prompt_index=prompt, choices=[
                 replace(delta, index=prompt * n + delta.index) for delta in item.choices])
             if event.choices or event.model:
                 yield event

@@ -3,7 +3,7 @@
 
 A field is refused when it would change what is generated or returned and is not implemented:
 it gets a 400 naming it, never a silent 200 that looks like success. A refused field is accepted
-only at a value that asks for nothing (`min_tokens: 0`, `echo: false`, `tools: []`), since
+only at a value that asks for nothing (`min_tokens: 0`, `echo: false`, `functions: []`), since
 clients send those by default. Ignored fields are the few that change nothing here (`user`,
 `metadata`, ...). A key in neither OpenAI's nor vLLM's schema is refused as OpenAI refuses it
 ("Unrecognized request argument supplied"), so a typo (`max_token`) does not pass unnoticed.
@@ -61,8 +61,12 @@ def _ignored(name: str, endpoints: tuple[str, ...], why: str, example: Any) -> F
     return Field(name, endpoints, Handling.IGNORED, why, example={name: example})
 
 
-_NO_TOOLS = "this server does not call tools"
-_NO_GRAMMAR = "there is no structured output (no grammar engine)"
+_OLD_FUNCTIONS = "OpenAI's deprecated functions API; use "
+# The field table's example tool.
+_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+_ONE_GRAMMAR_ENGINE = ("structured output has one grammar engine, llguidance "
+                       "(docs/structured-output.md)")
 _NO_VLLM_INTERNALS = "a vLLM-internal option with no counterpart here"
 _NO_MULTIMODAL = "text models only"
 
@@ -101,21 +105,30 @@ FIELDS: tuple[Field, ...] = (
     _supported("skip_special_tokens", BOTH, {"skip_special_tokens": False}),
     _supported("cache_salt", BOTH, {"cache_salt": "tenant-a"}),
     _supported("add_generation_prompt", (CHAT,), {"add_generation_prompt": False}),
+    _supported("tools", (CHAT,), {"tools": [_TOOL]}),
+    _supported("tool_choice", (CHAT,), {"tools": [_TOOL], "tool_choice": "auto"}),
+    _supported("parallel_tool_calls", (CHAT,), {"tools": [_TOOL], "parallel_tool_calls": False}),
+    _supported("echo", (COMPLETIONS,), {"echo": True}),
+    _supported("prompt_logprobs", BOTH, {"prompt_logprobs": 1}),
+    _supported("logit_bias", BOTH, {"logit_bias": {"65": 5}}),
+    _supported("allowed_token_ids", BOTH, {"allowed_token_ids": [65, 66]}),
+    _supported("response_format", BOTH, {"response_format": {"type": "json_object"}}),
+    _supported("structured_outputs", BOTH, {"structured_outputs": {"choice": ["a", "b"]}}),
+    _supported("guided_json", BOTH, {"guided_json": {"type": "object", "properties": {
+        "a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": False}}),
+    _supported("guided_regex", BOTH, {"guided_regex": "[ab]"}),
+    _supported("guided_choice", BOTH, {"guided_choice": ["a", "b"]}),
+    _supported("guided_grammar", BOTH, {"guided_grammar": 'root ::= "a" | "b"'}),
     # -- refused unless neutral ----------------------------------------------------------------
-    _refused("echo", (COMPLETIONS,), "the response holds only the completion, not the prompt",
-             True, (False,)),
     _refused("echo", (CHAT,), "the response holds only the completion, not the prompt",
              True, (False,)),
     _refused("suffix", (COMPLETIONS,), "there is no fill-in-the-middle", "end", ("",)),
-    _refused("logit_bias", BOTH, "token biases are not implemented", {"3": 5}, ({},)),
-    _refused("prompt_logprobs", BOTH, "the prompt's log-probabilities are not computed", 1),
     _refused("logprob_token_ids", BOTH, "log-probabilities of chosen token ids are not "
              "computed", [3]),
     _refused("min_tokens", BOTH, "there is no minimum length; stop tokens and end-of-sequence "
              "end a completion at any length", 4, (0,)),
     _refused("include_stop_str_in_output", BOTH, "a matched stop string is never returned",
              True, (False,)),
-    _refused("allowed_token_ids", BOTH, "the vocabulary cannot be restricted", [3, 4]),
     _refused("bad_words", BOTH, "words cannot be banned", ["x"], ([],)),
     _refused("truncate_prompt_tokens", BOTH, "prompts are never truncated; one too long for "
              "the context window gets a 400", 8),
@@ -134,22 +147,12 @@ FIELDS: tuple[Field, ...] = (
              {"enable_thinking": False}, ({},)),
     _refused("documents", (CHAT,), "the chat template gets no documents", [{"text": "d"}],
              ([],)),
-    _refused("response_format", BOTH, _NO_GRAMMAR, {"type": "json_object"},
-             ({"type": "text"},)),
-    _refused("structured_outputs", BOTH, _NO_GRAMMAR, {"choice": ["a", "b"]}),
-    _refused("guided_json", BOTH, _NO_GRAMMAR, {"type": "object"}),
-    _refused("guided_regex", BOTH, _NO_GRAMMAR, "[ab]"),
-    _refused("guided_choice", BOTH, _NO_GRAMMAR, ["a", "b"]),
-    _refused("guided_grammar", BOTH, _NO_GRAMMAR, 'root ::= "a"'),
-    _refused("guided_decoding_backend", BOTH, _NO_GRAMMAR, "xgrammar"),
-    _refused("guided_whitespace_pattern", BOTH, _NO_GRAMMAR, " "),
-    _refused("tools", (CHAT,), _NO_TOOLS, [{"type": "function", "function": {"name": "f"}}],
-             ([],)),
-    _refused("tool_choice", (CHAT,), _NO_TOOLS + '; only "none" is accepted', "auto",
-             ("none",)),
-    _refused("functions", (CHAT,), _NO_TOOLS, [{"name": "f"}], ([],)),
-    _refused("function_call", (CHAT,), _NO_TOOLS + '; only "none" is accepted', "auto",
-             ("none",)),
+    _refused("guided_decoding_backend", BOTH, _ONE_GRAMMAR_ENGINE, "xgrammar"),
+    _refused("guided_whitespace_pattern", BOTH, "JSON is generated compact, with no other "
+             "whitespace (docs/structured-output.md)", " "),
+    _refused("functions", (CHAT,), _OLD_FUNCTIONS + "tools", [{"name": "f"}], ([],)),
+    _refused("function_call", (CHAT,), _OLD_FUNCTIONS + 'tool_choice; only "none" is '
+             "accepted", "auto", ("none",)),
     _refused("reasoning_effort", (CHAT,), "no reasoning budget is implemented", "low"),
     _refused("thinking_token_budget", BOTH, "no reasoning budget is implemented", 64),
     _refused("priority", BOTH, "requests are scheduled first come, first served", 1, (0,)),
@@ -191,8 +194,6 @@ FIELDS: tuple[Field, ...] = (
     _ignored("session_id", BOTH, "vLLM's session tag for its own routing", "s-1"),
     _ignored("prompt_cache_key", (CHAT,), "OpenAI's cache-routing hint; the prefix cache finds "
              "shared prompts by their blocks", "k"),
-    _ignored("parallel_tool_calls", (CHAT,), "tools are refused, so no call is ever made",
-             True),
     _ignored("include_reasoning", (CHAT,), "no reasoning parser: every token is content", True),
     _ignored("verbosity", (CHAT,), "OpenAI's hint to its own models; max_tokens bounds the "
              "length", "low"),
@@ -210,7 +211,12 @@ def unrecognized(name: str) -> tuple[str, str]:
 def refused_field(body: dict[str, Any], endpoint: str) -> tuple[str, str] | None:
     """(message, field) for the first key of `body` this endpoint refuses; None when every key
     is supported, ignored, null, or refused at a neutral value."""
-    known = _BY_ENDPOINT[endpoint]
+    return refused_key(body, _BY_ENDPOINT[endpoint])
+
+
+def refused_key(body: dict[str, Any], known: dict[str, Field]) -> tuple[str, str] | None:
+    """refused_field against `known`, an endpoint's fields by name: /v1/responses keeps its
+    own (gateway/openai_http/responses_api.py)."""
     for name, value in body.items():
         if value is None:
             continue

@@ -12,7 +12,9 @@ add_generation_prompt (chat), and beam search as vLLM's server takes it: use_bea
 as the width (all n hypotheses returned, best first), length_penalty and early_stopping (true,
 false or "never", transformers' meanings). best_of (completions as OpenAI documents it, chat as
 vLLM used to take it): sample best_of, return the n with the highest cumulative log-probability;
-like beam search, its choices come whole at the end, also when streamed.
+like beam search, its choices come whole at the end, also when streamed. Structured output
+(response_format, structured_outputs, guided_json / _regex / _choice / _grammar), logit_bias
+and allowed_token_ids: structured_fields.py.
 
 Defaults: model "" (the only model served), max_tokens 16 for completions (OpenAI's) and none for
 chat (up to the context window), n 1, temperature 1, top_p 1, top_k off, min_p 0, penalties 0
@@ -22,7 +24,10 @@ A field set to null reads as not given.
 Every other field OpenAI or vLLM defines is refused naming it, unless set to a value that asks
 for nothing, or ignored where it changes nothing; a key neither defines is refused as OpenAI
 refuses it. fields.py holds that list. Also refused here: content parts other than text, and
-messages carrying tool_calls or function_call.
+messages carrying the deprecated function_call.
+
+Chat tools (tools.py): tools, tool_choice and parallel_tool_calls; an assistant message's
+tool_calls and a tool message's tool_call_id go to the chat template.
 
 Only types are checked here, and the ranges that belong to the API (max_tokens >= 1,
 top_logprobs 0..20). The other ranges depend on the model (vocabulary, context window) and are
@@ -32,13 +37,17 @@ messages start with the field's name, which `param_of` recovers for the error bo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.chat_template import ROLES
-from gateway.generation_request import ChatMessage, GenerationRequest
+from gateway.generation_request import ChatMessage, GenerationRequest, max_tokens_refusal
 from gateway.openai_http.fields import CHAT, COMPLETIONS, refused_field
-from pagedserve.common.errors import InvalidArgument
+from gateway.openai_http.json_values import OpenAIParamError, a_json, expect, json_object, json_type
+from gateway.openai_http.structured_fields import (parse_allowed_token_ids, parse_logit_bias,
+                                                   parse_structured)
+from gateway.openai_http.tools import NO_TOOLS, history_tool_calls, parse_tools
+from gateway.tool_calls import ToolCall, ToolUse
 from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams
 
 # OpenAI's default for /v1/completions; chat has none.
@@ -48,16 +57,6 @@ COMPLETION_MAX_TOKENS = DEFAULT_MAX_TOKENS
 MAX_BATCHED_PROMPTS = 256
 # OpenAI's newer name for the system role; the templates know only the older one.
 ROLE_ALIASES = {"developer": "system"}
-
-
-class OpenAIParamError(InvalidArgument):
-    """A request OpenAI's API would refuse, or that this gateway does not support. `param` names
-    the JSON field as OpenAI's error body does ("temperature", "messages[2].content"); None for
-    the body as a whole."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +71,15 @@ class OpenAIRequest:
     chat: bool
     # Whether the response carries logprobs objects (else null).
     logprobs: bool
+    # Completions: each choice's text (and logprobs) start with the prompt's.
+    echo: bool = False
+    # vLLM's prompt_logprobs field: the response carries the prompt's scores in its shape.
+    prompt_logprobs: bool = False
+    # stream_options.continuous_usage_stats (vLLM's, with include_usage): every chunk carries
+    # the usage so far.
+    continuous_usage: bool = False
+    # Chat: how the answer's text is read for tool calls.
+    tool_use: ToolUse = NO_TOOLS.use
 
     @property
     def generation(self) -> GenerationRequest:
@@ -84,10 +92,17 @@ def parse_completion_request(body: object) -> OpenAIRequest:
     prompts = _prompts(fields.required("prompt"))
     logprobs = fields.get("logprobs", None, "integer")
     max_tokens = _max_tokens(fields, "max_tokens", COMPLETION_MAX_TOKENS)
+    echo = fields.get("echo", False, "boolean")
     common = _common(fields, logprobs)
+    prompt_logprobs = _prompt_logprobs(fields)
+    # Echoing with logprobs scores the echoed prompt too (at the same number of alternatives,
+    # unless prompt_logprobs says), as vLLM does: that is how lm-eval scores continuations.
+    scored = logprobs if prompt_logprobs is None and echo else prompt_logprobs
+    common["sampling"] = replace(common["sampling"], prompt_logprobs=scored)
     generations = tuple(GenerationRequest(text=text, token_ids=token_ids, max_tokens=max_tokens,
-                                          **common) for text, token_ids in prompts)
-    return _request(fields, generations, chat=False, logprobs=logprobs is not None)
+                                          echo=echo, **common) for text, token_ids in prompts)
+    return replace(_request(fields, generations, chat=False, logprobs=logprobs is not None),
+                   echo=echo, prompt_logprobs=prompt_logprobs is not None)
 
 
 def parse_chat_request(body: object) -> OpenAIRequest:
@@ -103,11 +118,49 @@ def parse_chat_request(body: object) -> OpenAIRequest:
                                    f"{top_logprobs}", "top_logprobs")
     max_completion_tokens = _max_tokens(fields, "max_completion_tokens", None)
     max_tokens = _max_tokens(fields, "max_tokens", None)
+    common = _common(fields, (top_logprobs or 0) if logprobs else None)
+    prompt_logprobs = _prompt_logprobs(fields)
+    common["sampling"] = replace(common["sampling"], prompt_logprobs=prompt_logprobs)
     generation = GenerationRequest(
         chat=messages, add_generation_prompt=fields.get("add_generation_prompt", True, "boolean"),
         max_tokens=max_tokens if max_completion_tokens is None else max_completion_tokens,
-        **_common(fields, (top_logprobs or 0) if logprobs else None))
-    return _request(fields, (generation,), chat=True, logprobs=logprobs)
+        **common)
+    generation, tool_use = _with_tools(fields, generation)
+    return replace(_request(fields, (generation,), chat=True, logprobs=logprobs),
+                   prompt_logprobs=prompt_logprobs is not None, tool_use=tool_use)
+
+
+def _with_tools(fields: _Fields, generation: GenerationRequest
+                ) -> tuple[GenerationRequest, ToolUse]:
+    """The generation with the request's tools for its template, and for `required` or a named
+    function its output held to the calls' schema."""
+    tools = parse_tools(fields.get("tools", None, "array"),
+                        fields.get("tool_choice", None, "string", "object"),
+                        fields.get("parallel_tool_calls", None, "boolean"))
+    sampling = generation.sampling
+    if tools.constraint is not None:
+        if sampling.structured is not None:
+            raise OpenAIParamError(f'tool_choice {tools.use.mode!r} holds the output to its '
+                                   "calls; it does not combine with another structured output "
+                                   "(response_format, structured_outputs, guided_*)",
+                                   "tool_choice")
+        sampling = replace(sampling, structured=tools.constraint)
+    return replace(generation, tools=tools.definitions, sampling=sampling), tools.use
+
+
+def _prompt_logprobs(fields: _Fields) -> int | None:
+    """vLLM's prompt_logprobs: how many alternatives to report per prompt token."""
+    value = fields.get("prompt_logprobs", None, "integer")
+    if value is None:
+        return None
+    if value == -1:
+        raise OpenAIParamError(f"prompt_logprobs -1 (the whole vocabulary) is not supported: "
+                               f"at most {MAX_LOGPROBS} alternatives", "prompt_logprobs")
+    if fields.get("stream", False, "boolean"):
+        # They would all go out in the first chunk, which vLLM refuses to do.
+        raise OpenAIParamError("prompt_logprobs are not available when stream is true",
+                               "prompt_logprobs")
+    return value
 
 
 # Fields a later check's message may start with (SamplingParams.validate,
@@ -116,7 +169,8 @@ KNOWN_PARAMS = frozenset({
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "temperature",
     "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty",
     "frequency_penalty", "stop", "stop_token_ids", "logprobs", "top_logprobs", "cache_salt",
-    "length_penalty", "early_stopping", "best_of"})
+    "length_penalty", "early_stopping", "best_of", "prompt_logprobs", "tools", "logit_bias",
+    "allowed_token_ids"})
 _LEADING_FIELD = re.compile(r"([a-z_]+)(?:\[\d+\]|\.[a-z_]+)*")
 
 
@@ -155,39 +209,6 @@ class _Fields:
         return float(self.get(name, default, "number"))
 
 
-def json_object(body: object) -> dict[str, Any]:
-    """`body` if it is a JSON object; every endpoint's body must be one."""
-    if not isinstance(body, dict):
-        raise OpenAIParamError(
-            f"the request body must be a JSON object, got {_a(_json_type(body))}")
-    return body
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):      # before int: bool is an int to Python, not to JSON
-        return "boolean"
-    for kind, python in (("integer", int), ("number", float), ("string", str),
-                         ("array", list), ("object", dict)):
-        if isinstance(value, python):
-            return kind
-    return type(value).__name__
-
-
-def _a(kind: str) -> str:
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
-
-
-def expect(value: Any, param: str, *kinds: str) -> Any:
-    """`value` if its JSON type is one of `kinds` (an integer is a number too)."""
-    kind = _json_type(value)
-    if kind in kinds or (kind == "integer" and "number" in kinds):
-        return value
-    raise OpenAIParamError(f"{param} must be {' or '.join(map(_a, kinds))}, got {_a(kind)}",
-                           param)
-
-
 def _prompts(value: Any) -> list[tuple[str | None, tuple[int, ...] | None]]:
     """`prompt` as one (text, token ids) per prompt, one of the two set: a string, token ids,
     or an array of those (a batch)."""
@@ -207,10 +228,10 @@ def _prompt(value: Any, where: str) -> tuple[str | None, tuple[int, ...] | None]
     if isinstance(value, str):
         return value, None
     for item in value:
-        if _json_type(item) != "integer":
+        if json_type(item) != "integer":
             raise OpenAIParamError(
                 f"{where} must be a string, an array of integer token ids, or an array of "
-                f"those; found {_a(_json_type(item))} among the token ids", "prompt")
+                f"those; found {a_json(json_type(item))} among the token ids", "prompt")
     return None, tuple(value)
 
 
@@ -231,16 +252,24 @@ def _message(message: Any, where: str) -> ChatMessage:
         raise OpenAIParamError(f"{where}.role must be one of {', '.join(ROLES)}, "
                                f"{', '.join(ROLE_ALIASES)}; got {message['role']!r}",
                                f"{where}.role")
-    for key, what in (("tool_calls", "tool calls"), ("function_call", "function calls")):
-        if message.get(key):
-            raise OpenAIParamError(f"{where}.{key}: {what} are not supported", f"{where}.{key}")
+    if message.get("function_call"):
+        raise OpenAIParamError(f"{where}.function_call: the deprecated function calls are not "
+                               "supported; send tool_calls", f"{where}.function_call")
+    calls: tuple[ToolCall, ...] = ()
+    if message.get("tool_calls"):
+        if role != "assistant":
+            raise OpenAIParamError(f"{where}.tool_calls: only assistant messages carry tool "
+                                   "calls", f"{where}.tool_calls")
+        calls = history_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+    extras = {key: expect(message[key], f"{where}.{key}", "string")
+              for key in ("tool_call_id", "name") if message.get(key) is not None}
     content = message.get("content")
     if content is None:
         if role != "assistant":
             raise OpenAIParamError(f"{where}.content is required (only assistant messages may "
                                    "leave it null)", f"{where}.content")
-        return ChatMessage(role, "")
-    return ChatMessage(role, _content(content, f"{where}.content"))
+        return ChatMessage(role, "", calls, **extras)
+    return ChatMessage(role, _content(content, f"{where}.content"), calls, **extras)
 
 
 def _content(content: Any, where: str) -> str:
@@ -262,8 +291,8 @@ def _max_tokens(fields: _Fields, name: str, default: int | None) -> int | None:
     value = fields.get(name, None, "integer")
     if value is None:
         return default
-    if value < 1:
-        raise OpenAIParamError(f"{name} must be >= 1, got {value}", name)
+    if value < 0:   # 0 is for scoring or echoing the prompt: GenerationRequest.check
+        raise OpenAIParamError(max_tokens_refusal(name, value), name)
     return value
 
 
@@ -304,7 +333,10 @@ def _sampling(fields: _Fields, logprobs: int | None) -> SamplingParams:
         stop_token_ids=tuple(expect(token, f"stop_token_ids[{index}]", "integer")
                              for index, token in enumerate(stop_token_ids)),
         ignore_eos=fields.get("ignore_eos", False, "boolean"),
-        logprobs=logprobs)
+        logprobs=logprobs,
+        structured=parse_structured(fields),
+        logit_bias=parse_logit_bias(fields),
+        allowed_token_ids=parse_allowed_token_ids(fields))
 
 
 def _request(fields: _Fields, generations: tuple[GenerationRequest, ...], chat: bool,
@@ -314,8 +346,18 @@ def _request(fields: _Fields, generations: tuple[GenerationRequest, ...], chat: 
     if options is not None and not stream:
         raise OpenAIParamError("stream_options is only allowed when stream is true",
                                "stream_options")
-    usage = (options or {}).get("include_usage")
-    include_usage = usage is not None and expect(usage, "stream_options.include_usage",
-                                                  "boolean")
+    options = options or {}
+    for key in options:
+        if key not in STREAM_OPTIONS:
+            raise OpenAIParamError(f"stream_options.{key} is not supported: stream_options "
+                                   f"takes {' and '.join(STREAM_OPTIONS)}",
+                                   f"stream_options.{key}")
+    include_usage, continuous = (
+        options.get(key) is not None and expect(options[key], f"stream_options.{key}",
+                                                "boolean") for key in STREAM_OPTIONS)
     return OpenAIRequest(generations, stream=stream, include_usage=include_usage, chat=chat,
-                         logprobs=logprobs)
+                         logprobs=logprobs, continuous_usage=include_usage and continuous)
+
+
+# What stream_options may hold: OpenAI's include_usage and vLLM's continuous_usage_stats.
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")

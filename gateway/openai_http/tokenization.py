@@ -1,7 +1,7 @@
 """vLLM's tokenizer endpoints, as its server answers them, over the served model's tokenizer:
 
-    POST /tokenize        {"prompt": text} or {"messages": [...]} -> {"count", "max_model_len",
-                          "tokens", "token_strs"}
+    POST /tokenize        {"prompt": text} or {"messages": [...], "tools": [...]} -> {"count",
+                          "max_model_len", "tokens", "token_strs"}
     POST /detokenize      {"tokens": [...]} -> {"prompt": text}
     GET  /tokenizer_info  the special tokens, the chat template and the limits
 
@@ -17,9 +17,10 @@ from typing import Any
 from gateway.executors.directory import ServedModel
 from gateway.openai_http.fields import unrecognized
 from gateway.openai_http.requests import OpenAIParamError, expect, parse_messages
+from gateway.openai_http.tools import parse_tools
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens",
-                             "add_generation_prompt", "return_token_strs"})
+                             "add_generation_prompt", "return_token_strs", "tools"})
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
 
@@ -39,8 +40,9 @@ def tokenize(body: dict[str, Any], model: ServedModel) -> dict[str, Any]:
         generation_prompt = expect(body.get("add_generation_prompt", True),
                                    "add_generation_prompt", "boolean")
         special = expect(body.get("add_special_tokens", False), "add_special_tokens", "boolean")
-        tokens = tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in chat],
-                                       generation_prompt, add_special_tokens=special)
+        tools = parse_tools(body.get("tools"), None, None).definitions
+        tokens = tokenizer.encode_chat([m.template_message() for m in chat], generation_prompt,
+                                       add_special_tokens=special, tools=tools)
     strings = None
     if expect(body.get("return_token_strs", False), "return_token_strs", "boolean"):
         strings = [tokenizer.tokenizer.id_to_token(token) for token in tokens]

@@ -7,6 +7,10 @@ under another package name, so the same servicer answers both: the v1 service is
 v1alpha's message classes (the bytes on the wire are identical), and v1's file descriptor, made
 from v1alpha's by renaming the package, goes into the descriptor pool so that v1 can be described
 too.
+
+Both servicers read the descriptors through `MethodAwarePool`: grpcurl's `describe` of a method
+(`pkg.Service.Method`) asks for the file containing that name, which protobuf's C descriptor
+pool cannot find (it indexes services, messages and fields, not methods).
 """
 from __future__ import annotations
 
@@ -28,17 +32,41 @@ def enable_reflection(service_names: Iterable[str], server) -> None:
     `service_names`, the health service and reflection itself."""
     _add_v1_descriptor()
     names = [*service_names, V1_SERVICE, V1ALPHA_SERVICE]
-    reflection.enable_server_reflection(names, server)
+    pool = MethodAwarePool(descriptor_pool.Default())
+    reflection.enable_server_reflection(names, server, pool=pool)
     if isinstance(server, grpc.aio.Server):
-        servicer = reflection.aio.ReflectionServicer(names)
+        servicer = reflection.aio.ReflectionServicer(names, pool=pool)
     else:
-        servicer = reflection.ReflectionServicer(names)
+        servicer = reflection.ReflectionServicer(names, pool=pool)
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=v1alpha_pb2.ServerReflectionRequest.FromString,
         response_serializer=v1alpha_pb2.ServerReflectionResponse.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         V1_SERVICE, {"ServerReflectionInfo": handler}),))
+
+
+class MethodAwarePool:
+    """A descriptor pool that also finds the file of a method's full name."""
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str):
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, symbol: str):  # noqa: N802 - the pool's own name
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            service_name, _, method = symbol.rpartition(".")
+            try:
+                service = self._pool.FindServiceByName(service_name)
+            except KeyError:
+                service = None
+            if service is None or method not in service.methods_by_name:
+                raise
+            return service.file
 
 
 def _add_v1_descriptor() -> None:

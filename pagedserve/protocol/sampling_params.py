@@ -10,6 +10,10 @@ Conventions a client might expect otherwise:
   repeat, and the bound keeps penalised logits finite.
 - `logprobs` is the number of top alternatives reported per generated token, at most
   `MAX_LOGPROBS`; 0 reports only the chosen token's logprob, None reports nothing.
+- `prompt_logprobs` asks for the log-probability of every prompt token after the first (given
+  the tokens before it) and this many most likely alternatives at each position, at most
+  `MAX_LOGPROBS`; None: none. The engine reads them off the prefill's logits
+  (executor_service/engine/prompt_logprobs.py).
 - `beam_width` k > 0 asks for beam search (executor_service/engine/beam_search.py) and `n` of
   its hypotheses. It scores by the model's own log-probabilities, as transformers' beam search
   without sampling does, so the sampling fields must be left at their defaults (temperature
@@ -20,6 +24,12 @@ Conventions a client might expect otherwise:
   log-probability (the sum of the logprobs the `logprobs` field reports: the model's
   distribution after penalties, before temperature and truncation). It needs sampling: with
   temperature 0 every sample would be the same one, so that is refused.
+- `structured` constrains the output to a JSON schema, a regex, a choice or a grammar
+  (pagedserve/protocol/structured_output.py; the executor's grammar engine masks every token).
+  Beam search compares beams by the model's unconstrained scores, so the two are refused together.
+- `logit_bias` is OpenAI's: (token id, bias in [-100, 100]) pairs added to the logits.
+  `allowed_token_ids` is vLLM's: when non-empty, only these tokens may be sampled. Both apply
+  before the penalties (executor_service/engine/sampler.py gives the whole order).
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pagedserve.common.errors import InvalidArgument
+from pagedserve.protocol.structured_output import STRUCTURED_KINDS, StructuredOutput
 
 MAX_N = 128
 # Every API's default when a request does not say (OpenAI's for completions).
@@ -40,6 +51,8 @@ MAX_REPETITION_PENALTY = 100.0
 MAX_ABS_PRESENCE_FREQUENCY = 2.0
 # OpenAI's cap on top_logprobs; each one costs a top-k over the vocabulary and bytes on the wire.
 MAX_LOGPROBS = 20
+# OpenAI's range for a logit_bias value: -100 bans a token, +100 all but forces it.
+MAX_ABS_LOGIT_BIAS = 100.0
 MAX_SEED = 2**63 - 1  # a torch.Generator seed is a 64-bit integer; 63 bits keep it positive
 # transformers' three early_stopping settings for beam search.
 EarlyStopping = bool | Literal["never"]
@@ -74,6 +87,8 @@ class SamplingParams:
     # Keep generating past the model's end-of-sequence tokens (stop_token_ids still stop).
     ignore_eos: bool = False
     logprobs: int | None = None
+    # Score the prompt: each prompt token's logprob and this many alternatives; None: no.
+    prompt_logprobs: int | None = None
     # Beam search with this many beams; 0: sampling (or greedy) as the fields above say.
     beam_width: int = 0
     # Beam search: a hypothesis scores sum(logprobs) / generated_length ** length_penalty.
@@ -83,6 +98,12 @@ class SamplingParams:
     early_stopping: EarlyStopping = False
     # Sample this many completions (at least n) and return the n most likely; None: n.
     best_of: int | None = None
+    # The form the output must take (JSON schema, regex, choice, grammar); None: free text.
+    structured: StructuredOutput | None = None
+    # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # When non-empty, only these tokens may be sampled (vLLM's allowed_token_ids).
+    allowed_token_ids: tuple[int, ...] = ()
 
     @property
     def beam_search(self) -> bool:
@@ -148,11 +169,15 @@ class SamplingParams:
                    f"stop_token_ids must be in [0, {vocab_size}), got {token_id}")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+               f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got "
+               f"{self.prompt_logprobs}")
         _check(self.best_of is None or self.n <= self.best_of <= MAX_N,
                f"best_of must be between n ({self.n}) and {MAX_N}, got {self.best_of}")
         _check(not self.ranks_samples or self.temperature > 0,
                f"best_of ({self.best_of}) above n needs sampling (temperature > 0): greedy "
                "samples are all the same")
+        self._validate_constraints(vocab_size)
         _check(isinstance(self.early_stopping, bool) or self.early_stopping == "never",
                f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
         _check(math.isfinite(self.length_penalty),
@@ -165,14 +190,35 @@ class SamplingParams:
                    "length_penalty and early_stopping apply only to beam search "
                    "(set beam_width)")
 
+    def _validate_constraints(self, vocab_size: int) -> None:
+        """logit_bias, allowed_token_ids and structured: what they name exists."""
+        for token_id, bias in self.logit_bias:
+            _check(0 <= token_id < vocab_size,
+                   f"logit_bias token ids must be in [0, {vocab_size}), got {token_id}")
+            _check(-MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS,
+                   f"logit_bias values must be in [-{MAX_ABS_LOGIT_BIAS:g}, "
+                   f"{MAX_ABS_LOGIT_BIAS:g}], got {bias} for token {token_id}")
+        for token_id in self.allowed_token_ids:
+            _check(0 <= token_id < vocab_size,
+                   f"allowed_token_ids must be in [0, {vocab_size}), got {token_id}")
+        if self.structured is not None:
+            _check(self.structured.kind in STRUCTURED_KINDS,
+                   f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, "
+                   f"got {self.structured.kind!r}")
+            _check(not self.beam_search, "structured output is not supported with beam search "
+                   "(beams are ranked by the unconstrained model's scores)")
+
     def _validate_beam_search(self) -> None:
         _check(self.n <= self.beam_width,
                f"n ({self.n}) must not exceed beam_width ({self.beam_width}): beam search "
                "returns at most its beams")
         _check(self.best_of is None, "best_of does not combine with beam search")
+        _check(self.prompt_logprobs is None, "prompt_logprobs is not supported with beam "
+               "search (as in vLLM): score the prompt in a request of its own")
         defaults = SamplingParams()
         for name in ("top_k", "top_p", "min_p", "seed", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty", "logprobs"):
+                     "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
+                     "allowed_token_ids"):
             _check(getattr(self, name) == getattr(defaults, name),
                    f"{name} is not supported with beam search (it scores by the model's "
                    "log-probabilities)")

@@ -51,5 +51,5 @@ def test_http_reference_documents_every_route() -> None:
         for method in sorted(route.methods - {"HEAD"}):   # Starlette adds HEAD to every GET
             if not re.search(rf"\b{method} {path}(?![\w/{{])", text):
                 missing.append(f"{method} {route.path}")
-    assert len(routes) == 11
+    assert len(routes) == 12
     assert not missing, f"HTTP routes missing from docs/api-http.md: {missing}"

@@ -169,8 +169,9 @@ HTTP_CASES = {
     "image content": ("chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400,
         "only text parts are supported", "messages[0].content[0]"),
-    "tools": ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                                   "tools": [{"type": "function"}]}, 400, "tools", "tools"),
+    "tool without a function": ("chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400,
+        "tools[0].function is required", "tools[0].function"),
     "too many batched prompts": ("completions", {"prompt": ["a"] * 257}, 400,
                                  "at most 256 prompts in one request, got 257", "prompt"),
     "an empty prompt in a batch": ("completions", {"prompt": ["a", ""]}, 400,
@@ -242,4 +243,5 @@ def test_after_all_that_the_gateway_serves_and_nothing_leaked(stack):
     audit = pagedctl_audit(allocator)
     assert audit.returncode == 0 and "no violations" in audit.stdout, audit.stdout
     metrics = httpx.get(f"{gateway.http_url}/metrics").text
-    assert 'pagedserve_gateway_requests_total{api="grpc",outcome="invalid"}' in metrics
+    assert ('pagedserve_gateway_requests_total{api="grpc",'
+            'model_name="pagedserve-embedded-llama",outcome="invalid"}') in metrics

@@ -12,8 +12,7 @@ import pytest
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import GatewayProcess, gateway_stack, pagedctl_audit
-from tests.support.allocator_wire import (REFLECTION, REFLECTION_V1, reflection_services,
-                                          used_blocks)
+from tests.support.allocator_wire import REFLECTION, REFLECTION_V1, reflection_services, used_blocks
 from tests.support.polling import wait_for
 
 MODEL = "pagedserve-embedded-llama"
@@ -278,7 +277,8 @@ def test_health_and_metrics(stack, client):
     health = httpx.get(f"{gateway.http_url}/health")
     assert health.status_code == 200 and health.json()["models"] == [MODEL]
     text = httpx.get(f"{gateway.http_url}/metrics").text
-    for name in ('pagedserve_gateway_requests_total{api="http",outcome="success"}',
+    for name in (f'pagedserve_gateway_requests_total{{api="http",model_name="{MODEL}",'
+                 'outcome="success"}',
                  "pagedserve_gateway_time_to_first_token_seconds_bucket",
                  "pagedserve_gateway_time_per_output_token_seconds_bucket",
                  "pagedserve_gateway_prompt_tokens_total", "pagedserve_allocator_up 1.0",
@@ -312,7 +312,8 @@ def test_a_client_that_gives_up_on_a_whole_response_has_it_cancelled(stack):
     def cancelled() -> float:
         text = httpx.get(f"{gateway.http_url}/metrics").text
         line = next((line for line in text.splitlines() if line.startswith(
-            'pagedserve_gateway_requests_total{api="http",outcome="cancelled"}')), None)
+            f'pagedserve_gateway_requests_total{{api="http",model_name="{MODEL}",'
+            'outcome="cancelled"}')), None)
         return float(line.split()[-1]) if line else 0.0
 
     before = cancelled()
@@ -352,3 +353,17 @@ def test_one_tenants_prefix_cache_is_invisible_to_another(stack):
         temperature=0, max_tokens=2)), timeout=60,
         metadata=[("authorization", "Bearer other-key")]))[-1]
     assert last.usage.cached_tokens > 0                 # the same tenant through gRPC
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats, which guidellm sends."""
+    chunks = list(client.completions.create(
+        model=MODEL, prompt="Hello, HTTP", max_tokens=5, stream=True, **GREEDY,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [chunk.usage.completion_tokens for chunk in chunks if chunk.choices]
+    assert counts == sorted(counts) and counts[-1] == 5
+    assert all(chunk.usage.prompt_tokens == 11 for chunk in chunks)
+    assert chunks[-1].usage.total_tokens == 16 and not chunks[-1].choices
+    with pytest.raises(openai.BadRequestError, match="stream_options.every_chunk is not"):
+        client.completions.create(model=MODEL, prompt="x", stream=True,
+                                  stream_options={"every_chunk": True})

@@ -2,6 +2,8 @@
 domain errors → HTTP errors: the pure translation behind the gateway's HTTP API."""
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -14,7 +16,9 @@ from gateway.openai_http.requests import (OpenAIParamError, param_of, parse_chat
                                           parse_completion_request)
 from gateway.openai_http.responses import OpenAIResponder, error_of
 from pagedserve.common import errors
+from pagedserve.common.errors import InvalidArgument
 from pagedserve.protocol.sampling_params import InvalidSamplingParams, SamplingParams
+from pagedserve.protocol.structured_output import StructuredOutput
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -82,8 +86,9 @@ def test_chat_content_parts_are_joined_and_developer_reads_as_system() -> None:
         {"role": "assistant", "content": None, "tool_calls": []},
         {"role": "tool", "content": "42", "tool_call_id": "x"}]})
     assert request.generation.chat == (ChatMessage("system", "be brief"),
-                                       ChatMessage("user", "one two"),
-                                       ChatMessage("assistant", ""), ChatMessage("tool", "42"))
+                                       ChatMessage("user", "one two", name="ann"),
+                                       ChatMessage("assistant", ""),
+                                       ChatMessage("tool", "42", tool_call_id="x"))
     assert request.generation.add_generation_prompt is True
     assert request.chat is True
 
@@ -101,7 +106,9 @@ def test_chat_content_parts_are_joined_and_developer_reads_as_system() -> None:
     ([{"role": "user", "content": [{"type": "text", "text": 5}]}],
      "messages[0].content[0].text", "must be a string, got an integer"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}],
-     "messages[0].tool_calls", "tool calls are not supported"),
+     "messages[0].tool_calls[0].function", "messages[0].tool_calls[0].function is required"),
+    ([{"role": "user", "content": "x", "function_call": {"name": "f"}}],
+     "messages[0].function_call", "deprecated function calls are not supported"),
 ])
 def test_bad_messages_are_refused_naming_the_message(messages, param, phrase) -> None:
     error = refusal(parse_chat_request, {"messages": messages})
@@ -148,9 +155,23 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
 @pytest.mark.parametrize("parse, name", [(completion, "max_tokens"), (chat, "max_tokens"),
                                          (chat, "max_completion_tokens")])
 def test_max_tokens_below_one_is_refused(parse, name) -> None:
-    with pytest.raises(OpenAIParamError, match=f"{name} must be >= 1, got 0") as raised:
-        parse(**{name: 0})
+    with pytest.raises(OpenAIParamError, match=f"{name} must be >= 1, or 0 to score or echo "
+                       "the prompt") as raised:
+        parse(**{name: -1})
     assert raised.value.param == name
+    # 0 parses, and is refused by the request's check unless the prompt is scored or echoed.
+    with pytest.raises(InvalidArgument, match="max_tokens must be >= 1, or 0"):
+        parse(**{name: 0}).generation.check()
+
+
+def test_max_tokens_0_scores_or_echoes_the_prompt() -> None:
+    echoed = completion(max_tokens=0, echo=True, logprobs=2)
+    assert echoed.echo and echoed.generation.echo
+    assert echoed.generation.sampling.prompt_logprobs == 2   # echo with logprobs scores it
+    echoed.generation.check()
+    scored = completion(max_tokens=0, prompt_logprobs=0)
+    assert not scored.echo and scored.prompt_logprobs
+    scored.generation.check()
 
 
 def test_sampling_fields_and_extensions_map_to_sampling_params() -> None:
@@ -281,9 +302,9 @@ def test_include_usage_must_be_a_boolean() -> None:
 # -- requests: unsupported features --------------------------------------------------------------
 
 @pytest.mark.parametrize("fields, param, phrase", [
-    ({"echo": True}, "echo", "echo is not supported"),
     ({"suffix": "end"}, "suffix", "suffix is not supported"),
-    ({"logit_bias": {"50256": -100}}, "logit_bias", "logit_bias is not supported"),
+    ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend",
+     "guided_decoding_backend is not supported: structured output has one grammar engine"),
 ])
 def test_unsupported_completion_features_are_refused(fields, param, phrase) -> None:
     error = refusal(parse_completion_request, {"prompt": "p", **fields})
@@ -303,15 +324,14 @@ def test_best_of_reaches_the_sampling_params() -> None:
 
 
 @pytest.mark.parametrize("fields, param, phrase", [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
-     "tools is not supported"),
-    ({"tool_choice": "auto"}, "tool_choice", 'only "none" is accepted'),
+    ({"tool_choice": "auto"}, "tool_choice", 'tool_choice "auto" needs tools'),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
-     'only "none" is accepted'),
-    ({"response_format": {"type": "json_object"}}, "response_format",
-     "response_format is not supported: there is no structured output"),
+     "needs tools: give at least one in tools"),
+    ({"response_format": {"type": "xml"}}, "response_format.type",
+     'response_format.type must be "text", "json_object" or "json_schema"'),
     ({"functions": [{"name": "f"}]}, "functions", "functions is not supported"),
-    ({"logit_bias": {"1": 5}}, "logit_bias", "logit_bias is not supported"),
+    ({"logit_bias": {"1": 5}, "guided_regex": "a", "guided_choice": ["a"]}, "guided_choice",
+     "guided_regex and guided_choice each constrain the output"),
 ])
 def test_unsupported_chat_features_are_refused(fields, param, phrase) -> None:
     error = refusal(parse_chat_request, {"messages": USER, **fields})
@@ -335,12 +355,9 @@ def test_a_key_neither_openai_nor_vllm_defines_here_is_refused(parse, fields, pa
 @pytest.mark.parametrize("fields, param", [
     ({"min_tokens": 8}, "min_tokens"),
     ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
-    ({"allowed_token_ids": [1]}, "allowed_token_ids"),
     ({"bad_words": ["x"]}, "bad_words"),
     ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
-    ({"guided_json": {"type": "object"}}, "guided_json"),
-    ({"guided_choice": ["a"]}, "guided_choice"),
-    ({"structured_outputs": {"regex": "a"}}, "structured_outputs"),
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
 ])
 def test_vllm_fields_that_are_not_implemented_are_refused_not_ignored(fields, param) -> None:
     for parse in (completion, chat):
@@ -358,6 +375,25 @@ def test_chat_only_vllm_fields_are_refused_naming_them() -> None:
     # Their neutral values ask for nothing and pass.
     chat(continue_final_message=False, chat_template_kwargs={}, echo=False, min_tokens=0,
          include_stop_str_in_output=False, bad_words=[], priority=0)
+
+
+def test_constraint_fields_reach_the_sampling_params() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for fields, kind, spec in [
+            ({"response_format": {"type": "json_schema", "json_schema": {
+                "name": "s", "schema": schema}}}, "json_schema", json.dumps(schema)),
+            ({"guided_json": json.dumps(schema)}, "json_schema", json.dumps(schema)),
+            ({"structured_outputs": {"json_object": True}}, "json_object", ""),
+            ({"guided_choice": ["a", "b"]}, "choice", '["a", "b"]'),
+            ({"structured_outputs": {"regex": "a+"}}, "regex", "a+"),
+            ({"guided_grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"')]:
+        sampling = chat(**fields).generation.sampling
+        assert sampling.structured == StructuredOutput(kind, spec), fields
+    sampling = completion(logit_bias={"7": -100, "3": 2.5},
+                          allowed_token_ids=[4, 5]).generation.sampling
+    assert sampling.logit_bias == ((3, 2.5), (7, -100.0))
+    assert sampling.allowed_token_ids == (4, 5)
+    assert completion(response_format={"type": "text"}).generation.sampling.structured is None
 
 
 def test_harmless_values_of_unsupported_chat_features_and_ignored_fields_are_accepted() -> None:
@@ -380,15 +416,19 @@ USAGE_OBJECT = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
 
 
 def events() -> list[GenerationEvent]:
-    """Two choices: 0 says "Hello world" and stops, 1 says "Hi" and hits the length limit."""
+    """Two choices: 0 says "Hello world" and stops, 1 says "Hi" and hits the length limit.
+    Choice 1's "H" is held back at first (as a partial character would be): its text comes with
+    the "i", and both start at 0 (choice_stream.py counts the offsets)."""
     return [
         GenerationEvent([ChoiceDelta(0, "Hel", [1], [token("Hel", -0.5, ("Hel", -0.5),
-                                                            ("Hi", -1.0))]),
-                         ChoiceDelta(1, "", [2], [token("H", -0.25)])],
+                                                            ("Hi", -1.0))], text_offsets=[0]),
+                         ChoiceDelta(1, "", [2], [token("H", -0.25)], text_offsets=[0])],
                         model="m", request_id="gw-1"),
         GenerationEvent([ChoiceDelta(0, "lo world", [3, 4], [token("lo", -0.125),
-                                                              token(" world", -1.5)]),
-                         ChoiceDelta(1, "Hi", [5], [token("i", -0.75)], "length")]),
+                                                              token(" world", -1.5)],
+                                     text_offsets=[3, 5]),
+                         ChoiceDelta(1, "Hi", [5], [token("i", -0.75)], "length",
+                                     text_offsets=[0])]),
         GenerationEvent([ChoiceDelta(0, "", [], [], "stop")], usage=USAGE),
     ]
 

@@ -2,11 +2,15 @@
 executor's wire."""
 from __future__ import annotations
 
+import pytest
+
 from pagedserve.executor.v1 import executor_pb2 as epb
 from pagedserve.gateway.v1 import gateway_pb2 as gpb
 from pagedserve.protocol.finish_reason import finish_reason_from_proto, finish_reason_to_proto
 from pagedserve.protocol.sampling_codec import sampling_from_proto, sampling_to_proto
-from pagedserve.protocol.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+from pagedserve.protocol.sampling_params import (DEFAULT_MAX_TOKENS, InvalidSamplingParams,
+                                                 SamplingParams)
+from pagedserve.protocol.structured_output import StructuredOutput
 
 
 def test_both_protos_number_finish_reasons_alike() -> None:
@@ -36,3 +40,16 @@ def test_sampling_params_round_trip_through_the_executor_proto() -> None:
 def test_an_empty_sampling_message_takes_the_documented_defaults() -> None:
     assert sampling_from_proto(epb.SamplingParams()) == SamplingParams()
     assert SamplingParams().max_tokens == DEFAULT_MAX_TOKENS == 16
+
+
+def test_constraints_round_trip_and_both_protos_number_kinds_alike() -> None:
+    assert dict(epb.StructuredOutputKind.items()) == dict(gpb.StructuredOutputKind.items())
+    for kind, spec in (("json_schema", '{"type": "object"}'), ("json_object", ""),
+                       ("regex", "a+"), ("choice", '["a"]'), ("grammar", 'root ::= "a"')):
+        params = SamplingParams(structured=StructuredOutput(kind, spec),
+                                logit_bias=((3, -100.0), (9, 2.5)), allowed_token_ids=(4, 2))
+        assert sampling_from_proto(sampling_to_proto(params)) == params
+    # A kind this build does not know keeps its number, and validation refuses it by name.
+    message = epb.SamplingParams(structured=epb.StructuredOutput(kind=9, spec="x"))
+    with pytest.raises(InvalidSamplingParams, match="structured output kind must be one of"):
+        sampling_from_proto(message).validate(100)

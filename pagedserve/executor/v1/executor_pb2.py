@@ -14,45 +14,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%pagedserve/executor/v1/executor.proto\x12\x16pagedserve.executor.v1\"\x8a\x01\n\x0eSessionRequest\x12\x37\n\x06submit\x18\x01 \x01(\x0b\x32%.pagedserve.executor.v1.SubmitRequestH\x00\x12\x37\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32%.pagedserve.executor.v1.CancelRequestH\x00\x42\x06\n\x04kind\"\x8b\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x38\n\x08sampling\x18\x03 \x01(\x0b\x32&.pagedserve.executor.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\"\x82\x04\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x06 \x01(\x02\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x05\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\x04\x88\x01\x01\x12\x12\n\nbeam_width\x18\x0e \x01(\r\x12\x1b\n\x0elength_penalty\x18\x0f \x01(\x02H\x05\x88\x01\x01\x12=\n\x0e\x65\x61rly_stopping\x18\x10 \x01(\x0e\x32%.pagedserve.executor.v1.EarlyStopping\x12\x0f\n\x07\x62\x65st_of\x18\x11 \x01(\rB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x11\n\x0f_length_penalty\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"I\n\x0fSessionResponse\x12\x36\n\x07updates\x18\x01 \x03(\x0b\x32%.pagedserve.executor.v1.RequestUpdate\"\xc4\x01\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12<\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\'.pagedserve.executor.v1.CompletionDelta\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12,\n\x05usage\x18\x04 \x01(\x0b\x32\x1d.pagedserve.executor.v1.Usage\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x12\n\nerror_code\x18\x06 \x01(\r\"\xfe\x01\n\x0f\x43ompletionDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x36\n\x08logprobs\x18\x03 \x03(\x0b\x32$.pagedserve.executor.v1.TokenLogprob\x12;\n\rfinish_reason\x18\x04 \x01(\x0e\x32$.pagedserve.executor.v1.FinishReason\x12\x1f\n\x12\x63umulative_logprob\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\x06 \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"b\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12/\n\x03top\x18\x03 \x03(\x0b\x32\".pagedserve.executor.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\x10\n\x0eGetInfoRequest\"\xee\x02\n\x0c\x45xecutorInfo\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x12\n\nblock_size\x18\x07 \x01(\r\x12\x12\n\nnum_blocks\x18\x08 \x01(\r\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x13\n\x0bnum_waiting\x18\x0b \x01(\r\x12\x13\n\x0bnum_running\x18\x0c \x01(\r\x12\x17\n\x0fnum_preemptions\x18\r \x01(\x04\x12\x12\n\nnum_stalls\x18\x0e \x01(\x04\x12\x11\n\tnum_steps\x18\x0f \x01(\x04\x12\r\n\x05\x65poch\x18\x10 \x01(\x04\x12\x18\n\x10tokenizer_digest\x18\x11 \x01(\t\"\x15\n\x13GetTokenizerRequest\"1\n\x0eTokenizerChunk\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c*`\n\rEarlyStopping\x12\x1c\n\x18\x45\x41RLY_STOPPING_HEURISTIC\x10\x00\x12\x17\n\x13\x45\x41RLY_STOPPING_TRUE\x10\x01\x12\x18\n\x14\x45\x41RLY_STOPPING_NEVER\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xaa\x02\n\x08\x45xecutor\x12^\n\x07Session\x12&.pagedserve.executor.v1.SessionRequest\x1a\'.pagedserve.executor.v1.SessionResponse(\x01\x30\x01\x12W\n\x07GetInfo\x12&.pagedserve.executor.v1.GetInfoRequest\x1a$.pagedserve.executor.v1.ExecutorInfo\x12\x65\n\x0cGetTokenizer\x12+.pagedserve.executor.v1.GetTokenizerRequest\x1a&.pagedserve.executor.v1.TokenizerChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%pagedserve/executor/v1/executor.proto\x12\x16pagedserve.executor.v1\"\x8a\x01\n\x0eSessionRequest\x12\x37\n\x06submit\x18\x01 \x01(\x0b\x32%.pagedserve.executor.v1.SubmitRequestH\x00\x12\x37\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32%.pagedserve.executor.v1.CancelRequestH\x00\x42\x06\n\x04kind\"\x8b\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x38\n\x08sampling\x18\x03 \x01(\x0b\x32&.pagedserve.executor.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\"\x8a\x06\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x06 \x01(\x02\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x05\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\x04\x88\x01\x01\x12\x12\n\nbeam_width\x18\x0e \x01(\r\x12\x1b\n\x0elength_penalty\x18\x0f \x01(\x02H\x05\x88\x01\x01\x12=\n\x0e\x65\x61rly_stopping\x18\x10 \x01(\x0e\x32%.pagedserve.executor.v1.EarlyStopping\x12\x0f\n\x07\x62\x65st_of\x18\x11 \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x12 \x01(\rH\x06\x88\x01\x01\x12<\n\nstructured\x18\x13 \x01(\x0b\x32(.pagedserve.executor.v1.StructuredOutput\x12I\n\nlogit_bias\x18\x14 \x03(\x0b\x32\x35.pagedserve.executor.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x15 \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x11\n\x0f_length_penaltyB\x12\n\x10_prompt_logprobs\"\\\n\x10StructuredOutput\x12:\n\x04kind\x18\x01 \x01(\x0e\x32,.pagedserve.executor.v1.StructuredOutputKind\x12\x0c\n\x04spec\x18\x02 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"I\n\x0fSessionResponse\x12\x36\n\x07updates\x18\x01 \x03(\x0b\x32%.pagedserve.executor.v1.RequestUpdate\"\x83\x02\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12<\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\'.pagedserve.executor.v1.CompletionDelta\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12,\n\x05usage\x18\x04 \x01(\x0b\x32\x1d.pagedserve.executor.v1.Usage\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x12\n\nerror_code\x18\x06 \x01(\r\x12=\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32$.pagedserve.executor.v1.TokenLogprob\"\xfe\x01\n\x0f\x43ompletionDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x36\n\x08logprobs\x18\x03 \x03(\x0b\x32$.pagedserve.executor.v1.TokenLogprob\x12;\n\rfinish_reason\x18\x04 \x01(\x0e\x32$.pagedserve.executor.v1.FinishReason\x12\x1f\n\x12\x63umulative_logprob\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\x06 \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"~\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12/\n\x03top\x18\x03 \x03(\x0b\x32\".pagedserve.executor.v1.TopLogprob\x12\x11\n\x04rank\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\x10\n\x0eGetInfoRequest\"\xee\x02\n\x0c\x45xecutorInfo\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x12\n\nblock_size\x18\x07 \x01(\r\x12\x12\n\nnum_blocks\x18\x08 \x01(\r\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x13\n\x0bnum_waiting\x18\x0b \x01(\r\x12\x13\n\x0bnum_running\x18\x0c \x01(\r\x12\x17\n\x0fnum_preemptions\x18\r \x01(\x04\x12\x12\n\nnum_stalls\x18\x0e \x01(\x04\x12\x11\n\tnum_steps\x18\x0f \x01(\x04\x12\r\n\x05\x65poch\x18\x10 \x01(\x04\x12\x18\n\x10tokenizer_digest\x18\x11 \x01(\t\"\x15\n\x13GetTokenizerRequest\"1\n\x0eTokenizerChunk\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c*\xf7\x01\n\x14StructuredOutputKind\x12&\n\"STRUCTURED_OUTPUT_KIND_UNSPECIFIED\x10\x00\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_SCHEMA\x10\x01\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_OBJECT\x10\x02\x12 \n\x1cSTRUCTURED_OUTPUT_KIND_REGEX\x10\x03\x12!\n\x1dSTRUCTURED_OUTPUT_KIND_CHOICE\x10\x04\x12\"\n\x1eSTRUCTURED_OUTPUT_KIND_GRAMMAR\x10\x05*`\n\rEarlyStopping\x12\x1c\n\x18\x45\x41RLY_STOPPING_HEURISTIC\x10\x00\x12\x17\n\x13\x45\x41RLY_STOPPING_TRUE\x10\x01\x12\x18\n\x14\x45\x41RLY_STOPPING_NEVER\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xaa\x02\n\x08\x45xecutor\x12^\n\x07Session\x12&.pagedserve.executor.v1.SessionRequest\x1a\'.pagedserve.executor.v1.SessionResponse(\x01\x30\x01\x12W\n\x07GetInfo\x12&.pagedserve.executor.v1.GetInfoRequest\x1a$.pagedserve.executor.v1.ExecutorInfo\x12\x65\n\x0cGetTokenizer\x12+.pagedserve.executor.v1.GetTokenizerRequest\x1a&.pagedserve.executor.v1.TokenizerChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagedserve.executor.v1.executor_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_EARLYSTOPPING']._serialized_start=2125
-  _globals['_EARLYSTOPPING']._serialized_end=2221
-  _globals['_FINISHREASON']._serialized_start=2224
-  _globals['_FINISHREASON']._serialized_end=2373
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_start=2575
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_end=2822
+  _globals['_EARLYSTOPPING']._serialized_start=2824
+  _globals['_EARLYSTOPPING']._serialized_end=2920
+  _globals['_FINISHREASON']._serialized_start=2923
+  _globals['_FINISHREASON']._serialized_end=3072
   _globals['_SESSIONREQUEST']._serialized_start=66
   _globals['_SESSIONREQUEST']._serialized_end=204
   _globals['_SUBMITREQUEST']._serialized_start=207
   _globals['_SUBMITREQUEST']._serialized_end=346
   _globals['_SAMPLINGPARAMS']._serialized_start=349
-  _globals['_SAMPLINGPARAMS']._serialized_end=863
-  _globals['_CANCELREQUEST']._serialized_start=865
-  _globals['_CANCELREQUEST']._serialized_end=900
-  _globals['_SESSIONRESPONSE']._serialized_start=902
-  _globals['_SESSIONRESPONSE']._serialized_end=975
-  _globals['_REQUESTUPDATE']._serialized_start=978
-  _globals['_REQUESTUPDATE']._serialized_end=1174
-  _globals['_COMPLETIONDELTA']._serialized_start=1177
-  _globals['_COMPLETIONDELTA']._serialized_end=1431
-  _globals['_TOKENLOGPROB']._serialized_start=1433
-  _globals['_TOKENLOGPROB']._serialized_end=1531
-  _globals['_TOPLOGPROB']._serialized_start=1533
-  _globals['_TOPLOGPROB']._serialized_end=1580
-  _globals['_USAGE']._serialized_start=1582
-  _globals['_USAGE']._serialized_end=1662
-  _globals['_GETINFOREQUEST']._serialized_start=1664
-  _globals['_GETINFOREQUEST']._serialized_end=1680
-  _globals['_EXECUTORINFO']._serialized_start=1683
-  _globals['_EXECUTORINFO']._serialized_end=2049
-  _globals['_GETTOKENIZERREQUEST']._serialized_start=2051
-  _globals['_GETTOKENIZERREQUEST']._serialized_end=2072
-  _globals['_TOKENIZERCHUNK']._serialized_start=2074
-  _globals['_TOKENIZERCHUNK']._serialized_end=2123
-  _globals['_EXECUTOR']._serialized_start=2376
-  _globals['_EXECUTOR']._serialized_end=2674
+  _globals['_SAMPLINGPARAMS']._serialized_end=1127
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=969
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1017
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1129
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1221
+  _globals['_CANCELREQUEST']._serialized_start=1223
+  _globals['_CANCELREQUEST']._serialized_end=1258
+  _globals['_SESSIONRESPONSE']._serialized_start=1260
+  _globals['_SESSIONRESPONSE']._serialized_end=1333
+  _globals['_REQUESTUPDATE']._serialized_start=1336
+  _globals['_REQUESTUPDATE']._serialized_end=1595
+  _globals['_COMPLETIONDELTA']._serialized_start=1598
+  _globals['_COMPLETIONDELTA']._serialized_end=1852
+  _globals['_TOKENLOGPROB']._serialized_start=1854
+  _globals['_TOKENLOGPROB']._serialized_end=1980
+  _globals['_TOPLOGPROB']._serialized_start=1982
+  _globals['_TOPLOGPROB']._serialized_end=2029
+  _globals['_USAGE']._serialized_start=2031
+  _globals['_USAGE']._serialized_end=2111
+  _globals['_GETINFOREQUEST']._serialized_start=2113
+  _globals['_GETINFOREQUEST']._serialized_end=2129
+  _globals['_EXECUTORINFO']._serialized_start=2132
+  _globals['_EXECUTORINFO']._serialized_end=2498
+  _globals['_GETTOKENIZERREQUEST']._serialized_start=2500
+  _globals['_GETTOKENIZERREQUEST']._serialized_end=2521
+  _globals['_TOKENIZERCHUNK']._serialized_start=2523
+  _globals['_TOKENIZERCHUNK']._serialized_end=2572
+  _globals['_EXECUTOR']._serialized_start=3075
+  _globals['_EXECUTOR']._serialized_end=3373
 # @@protoc_insertion_point(module_scope)

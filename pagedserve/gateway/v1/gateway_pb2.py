@@ -14,17 +14,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagedserve/gateway/v1/gateway.proto\x12\x15pagedserve.gateway.v1\"\x9c\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x34\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x1f.pagedserve.gateway.v1.TokenIdsH\x00\x12\x31\n\x04\x63hat\x18\x04 \x01(\x0b\x32!.pagedserve.gateway.v1.ChatPromptH\x00\x12\x38\n\x08sampling\x18\x05 \x01(\x0b\x32&.pagedserve.gateway.v1.SamplingOptions\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\t\x12\x1b\n\x13keep_special_tokens\x18\x08 \x01(\x08\x42\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x80\x01\n\nChatPrompt\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".pagedserve.gateway.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x99\x05\n\x0fSamplingOptions\x12\x0e\n\x01n\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\n \x01(\x02H\t\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x05\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\n\x88\x01\x01\x12\x17\n\nbeam_width\x18\x0e \x01(\rH\x0b\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x0f \x01(\x02H\x0c\x88\x01\x01\x12<\n\x0e\x65\x61rly_stopping\x18\x10 \x01(\x0e\x32$.pagedserve.gateway.v1.EarlyStopping\x12\x14\n\x07\x62\x65st_of\x18\x11 \x01(\rH\r\x88\x01\x01\x42\x04\n\x02_nB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0b\n\t_logprobsB\r\n\x0b_beam_widthB\x11\n\x0f_length_penaltyB\n\n\x08_best_of\"\x97\x01\n\x10GenerateResponse\x12\x33\n\x07\x63hoices\x18\x01 \x03(\x0b\x32\".pagedserve.gateway.v1.ChoiceDelta\x12+\n\x05usage\x18\x02 \x01(\x0b\x32\x1c.pagedserve.gateway.v1.Usage\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\x95\x02\n\x0b\x43hoiceDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x35\n\x08logprobs\x18\x04 \x03(\x0b\x32#.pagedserve.gateway.v1.TokenLogprob\x12:\n\rfinish_reason\x18\x05 \x01(\x0e\x32#.pagedserve.gateway.v1.FinishReason\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x1f\n\x12\x63umulative_logprob\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"p\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12.\n\x03top\x18\x04 \x03(\x0b\x32!.pagedserve.gateway.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"m\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x31\n\x04\x63hat\x18\x03 \x01(\x0b\x32!.pagedserve.gateway.v1.ChatPromptH\x00\x42\x08\n\x06prompt\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"Y\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rnum_executors\x18\x04 \x01(\r\"F\n\x12ListModelsResponse\x12\x30\n\x06models\x18\x01 \x03(\x0b\x32 .pagedserve.gateway.v1.ModelInfo*`\n\rEarlyStopping\x12\x1c\n\x18\x45\x41RLY_STOPPING_HEURISTIC\x10\x00\x12\x17\n\x13\x45\x41RLY_STOPPING_TRUE\x10\x01\x12\x18\n\x14\x45\x41RLY_STOPPING_NEVER\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xa8\x02\n\x07Gateway\x12]\n\x08Generate\x12&.pagedserve.gateway.v1.GenerateRequest\x1a\'.pagedserve.gateway.v1.GenerateResponse0\x01\x12[\n\x08Tokenize\x12&.pagedserve.gateway.v1.TokenizeRequest\x1a\'.pagedserve.gateway.v1.TokenizeResponse\x12\x61\n\nListModels\x12(.pagedserve.gateway.v1.ListModelsRequest\x1a).pagedserve.gateway.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagedserve/gateway/v1/gateway.proto\x12\x15pagedserve.gateway.v1\"\x9c\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x34\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x1f.pagedserve.gateway.v1.TokenIdsH\x00\x12\x31\n\x04\x63hat\x18\x04 \x01(\x0b\x32!.pagedserve.gateway.v1.ChatPromptH\x00\x12\x38\n\x08sampling\x18\x05 \x01(\x0b\x32&.pagedserve.gateway.v1.SamplingOptions\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\t\x12\x1b\n\x13keep_special_tokens\x18\x08 \x01(\x08\x42\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x80\x01\n\nChatPrompt\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".pagedserve.gateway.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xa0\x07\n\x0fSamplingOptions\x12\x0e\n\x01n\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\n \x01(\x02H\t\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x05\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\n\x88\x01\x01\x12\x17\n\nbeam_width\x18\x0e \x01(\rH\x0b\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x0f \x01(\x02H\x0c\x88\x01\x01\x12<\n\x0e\x65\x61rly_stopping\x18\x10 \x01(\x0e\x32$.pagedserve.gateway.v1.EarlyStopping\x12\x14\n\x07\x62\x65st_of\x18\x11 \x01(\rH\r\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x12 \x01(\rH\x0e\x88\x01\x01\x12;\n\nstructured\x18\x13 \x01(\x0b\x32\'.pagedserve.gateway.v1.StructuredOutput\x12I\n\nlogit_bias\x18\x14 \x03(\x0b\x32\x35.pagedserve.gateway.v1.SamplingOptions.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x15 \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x04\n\x02_nB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0b\n\t_logprobsB\r\n\x0b_beam_widthB\x11\n\x0f_length_penaltyB\n\n\x08_best_ofB\x12\n\x10_prompt_logprobs\"[\n\x10StructuredOutput\x12\x39\n\x04kind\x18\x01 \x01(\x0e\x32+.pagedserve.gateway.v1.StructuredOutputKind\x12\x0c\n\x04spec\x18\x02 \x01(\t\"\xd5\x01\n\x10GenerateResponse\x12\x33\n\x07\x63hoices\x18\x01 \x03(\x0b\x32\".pagedserve.gateway.v1.ChoiceDelta\x12+\n\x05usage\x18\x02 \x01(\x0b\x32\x1c.pagedserve.gateway.v1.Usage\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12<\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32#.pagedserve.gateway.v1.TokenLogprob\"\x95\x02\n\x0b\x43hoiceDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x35\n\x08logprobs\x18\x04 \x03(\x0b\x32#.pagedserve.gateway.v1.TokenLogprob\x12:\n\rfinish_reason\x18\x05 \x01(\x0e\x32#.pagedserve.gateway.v1.FinishReason\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x1f\n\x12\x63umulative_logprob\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"\x8c\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12.\n\x03top\x18\x04 \x03(\x0b\x32!.pagedserve.gateway.v1.TopLogprob\x12\x11\n\x04rank\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"m\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x31\n\x04\x63hat\x18\x03 \x01(\x0b\x32!.pagedserve.gateway.v1.ChatPromptH\x00\x42\x08\n\x06prompt\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"Y\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rnum_executors\x18\x04 \x01(\r\"F\n\x12ListModelsResponse\x12\x30\n\x06models\x18\x01 \x03(\x0b\x32 .pagedserve.gateway.v1.ModelInfo*\xf7\x01\n\x14StructuredOutputKind\x12&\n\"STRUCTURED_OUTPUT_KIND_UNSPECIFIED\x10\x00\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_SCHEMA\x10\x01\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_OBJECT\x10\x02\x12 \n\x1cSTRUCTURED_OUTPUT_KIND_REGEX\x10\x03\x12!\n\x1dSTRUCTURED_OUTPUT_KIND_CHOICE\x10\x04\x12\"\n\x1eSTRUCTURED_OUTPUT_KIND_GRAMMAR\x10\x05*`\n\rEarlyStopping\x12\x1c\n\x18\x45\x41RLY_STOPPING_HEURISTIC\x10\x00\x12\x17\n\x13\x45\x41RLY_STOPPING_TRUE\x10\x01\x12\x18\n\x14\x45\x41RLY_STOPPING_NEVER\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xa8\x02\n\x07Gateway\x12]\n\x08Generate\x12&.pagedserve.gateway.v1.GenerateRequest\x1a\'.pagedserve.gateway.v1.GenerateResponse0\x01\x12[\n\x08Tokenize\x12&.pagedserve.gateway.v1.TokenizeRequest\x1a\'.pagedserve.gateway.v1.TokenizeResponse\x12\x61\n\nListModels\x12(.pagedserve.gateway.v1.ListModelsRequest\x1a).pagedserve.gateway.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagedserve.gateway.v1.gateway_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_EARLYSTOPPING']._serialized_start=2270
-  _globals['_EARLYSTOPPING']._serialized_end=2366
-  _globals['_FINISHREASON']._serialized_start=2369
-  _globals['_FINISHREASON']._serialized_end=2518
+  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._options = None
+  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_start=2718
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_end=2965
+  _globals['_EARLYSTOPPING']._serialized_start=2967
+  _globals['_EARLYSTOPPING']._serialized_end=3063
+  _globals['_FINISHREASON']._serialized_start=3066
+  _globals['_FINISHREASON']._serialized_end=3215
   _globals['_GENERATEREQUEST']._serialized_start=63
   _globals['_GENERATEREQUEST']._serialized_end=347
   _globals['_TOKENIDS']._serialized_start=349
@@ -34,27 +38,31 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_CHATMESSAGE']._serialized_start=505
   _globals['_CHATMESSAGE']._serialized_end=549
   _globals['_SAMPLINGOPTIONS']._serialized_start=552
-  _globals['_SAMPLINGOPTIONS']._serialized_end=1217
-  _globals['_GENERATERESPONSE']._serialized_start=1220
-  _globals['_GENERATERESPONSE']._serialized_end=1371
-  _globals['_CHOICEDELTA']._serialized_start=1374
-  _globals['_CHOICEDELTA']._serialized_end=1651
-  _globals['_TOKENLOGPROB']._serialized_start=1653
-  _globals['_TOKENLOGPROB']._serialized_end=1765
-  _globals['_TOPLOGPROB']._serialized_start=1767
-  _globals['_TOPLOGPROB']._serialized_end=1829
-  _globals['_USAGE']._serialized_start=1831
-  _globals['_USAGE']._serialized_end=1911
-  _globals['_TOKENIZEREQUEST']._serialized_start=1913
-  _globals['_TOKENIZEREQUEST']._serialized_end=2022
-  _globals['_TOKENIZERESPONSE']._serialized_start=2024
-  _globals['_TOKENIZERESPONSE']._serialized_end=2084
-  _globals['_LISTMODELSREQUEST']._serialized_start=2086
-  _globals['_LISTMODELSREQUEST']._serialized_end=2105
-  _globals['_MODELINFO']._serialized_start=2107
-  _globals['_MODELINFO']._serialized_end=2196
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2198
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2268
-  _globals['_GATEWAY']._serialized_start=2521
-  _globals['_GATEWAY']._serialized_end=2817
+  _globals['_SAMPLINGOPTIONS']._serialized_end=1480
+  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_start=1211
+  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_end=1259
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1482
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1573
+  _globals['_GENERATERESPONSE']._serialized_start=1576
+  _globals['_GENERATERESPONSE']._serialized_end=1789
+  _globals['_CHOICEDELTA']._serialized_start=1792
+  _globals['_CHOICEDELTA']._serialized_end=2069
+  _globals['_TOKENLOGPROB']._serialized_start=2072
+  _globals['_TOKENLOGPROB']._serialized_end=2212
+  _globals['_TOPLOGPROB']._serialized_start=2214
+  _globals['_TOPLOGPROB']._serialized_end=2276
+  _globals['_USAGE']._serialized_start=2278
+  _globals['_USAGE']._serialized_end=2358
+  _globals['_TOKENIZEREQUEST']._serialized_start=2360
+  _globals['_TOKENIZEREQUEST']._serialized_end=2469
+  _globals['_TOKENIZERESPONSE']._serialized_start=2471
+  _globals['_TOKENIZERESPONSE']._serialized_end=2531
+  _globals['_LISTMODELSREQUEST']._serialized_start=2533
+  _globals['_LISTMODELSREQUEST']._serialized_end=2552
+  _globals['_MODELINFO']._serialized_start=2554
+  _globals['_MODELINFO']._serialized_end=2643
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2645
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2715
+  _globals['_GATEWAY']._serialized_start=3218
+  _globals['_GATEWAY']._serialized_end=3514
 # @@protoc_insertion_point(module_scope)
