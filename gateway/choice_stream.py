@@ -81,11 +81,10 @@ class ChoiceStream:
         if executor_finish == FINISH_REASON_STOP and token_ids:
             shown = token_ids[:-1]   # the stop token: not part of the text
         if delta.logprobs:
-            text = ""
-            for token_id in shown:   # one at a time, to know where each token starts
-                delta.text_offsets.append(self._decoded + len(text))
-                text += self._detokenizer.add([token_id])
-            delta.text_offsets += [self._decoded + len(text)] * (len(token_ids) - len(shown))
+            text, offsets = self._detokenizer.add_with_offsets(shown)
+            # The stop token starts where the text ends.
+            offsets += [len(text)] * (len(token_ids) - len(shown))
+            delta.text_offsets = [self._decoded + offset for offset in offsets]
         else:
             text = self._detokenizer.add(shown)
         if executor_finish:

@@ -132,6 +132,16 @@ class IncrementalDetokenizer:
             self._slide()
         return delta
 
+    def add_with_offsets(self, token_ids: Sequence[int]) -> tuple[str, list[int]]:
+        """`add`, one id at a time, also telling where each id's text starts in the text
+        returned: the length of what the ids before it released. An id holding the first byte
+        of a character releases nothing, so it starts where that character does."""
+        text, offsets = "", []
+        for token_id in token_ids:
+            offsets.append(len(text))
+            text += self.add([token_id])
+        return text, offsets
+
     def finish(self) -> str:
         """Everything still held back, as the full decode shows it. Later `add`s are errors."""
         if self._finished:

@@ -38,14 +38,5 @@ def prompt_report(tokenizer: GatewayTokenizer, token_ids: list[int], text: str |
     first = tokenizer.decode(token_ids[:1], skip_special_tokens=False)
     logprobs = [TokenLogprob(token_ids[0], first, None, ()),
                 *(logprob_with_text(tokenizer, entry) for entry in scored)]
-    return PromptReport(token_ids, text, logprobs, text_offsets(tokenizer, token_ids))
-
-
-def text_offsets(tokenizer: GatewayTokenizer, token_ids: list[int]) -> list[int]:
-    """Where each token starts: the length of the text the tokens before it decode to."""
-    detokenizer = IncrementalDetokenizer(tokenizer.tokenizer, skip_special_tokens=True)
-    offsets, length = [], 0
-    for token_id in token_ids:
-        offsets.append(length)
-        length += len(detokenizer.add([token_id]))
-    return offsets
+    _, offsets = IncrementalDetokenizer(tokenizer.tokenizer).add_with_offsets(token_ids)
+    return PromptReport(token_ids, text, logprobs, offsets)

@@ -190,10 +190,9 @@ class StepInputs:
         prompt_spans: list[PromptSpan] = []
         for seq, chunk in prefill:
             start = seq.num_computed
-            if seq.request.scoring_prompt:
-                scored = span_of(seq, start, chunk, len(token_ids))
-                if scored is not None:
-                    prompt_spans.append(scored)
+            scored = span_of(seq, start, chunk, len(token_ids))
+            if scored is not None:
+                prompt_spans.append(scored)
             token_ids += seq.token_ids[start:start + chunk]
             span = range(start, start + chunk)
             positions += span

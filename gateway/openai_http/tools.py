@@ -67,17 +67,7 @@ def _definitions(tools: Any) -> tuple[dict[str, Any], ...]:
         where = f"tools[{index}]"
         expect(tool, where, "object")
         _refuse_unknown_keys(tool, TOOL_KEYS, where)
-        if tool.get("type", "function") != "function":
-            raise OpenAIParamError(f'{where}.type must be "function", got {tool["type"]!r}',
-                                   f"{where}.type")
-        if tool.get("function") is None:
-            raise OpenAIParamError(f"{where}.function is required", f"{where}.function")
-        function = expect(tool["function"], f"{where}.function", "object")
-        _refuse_unknown_keys(function, FUNCTION_KEYS, f"{where}.function")
-        name = function.get("name")
-        if not name or not isinstance(name, str):
-            raise OpenAIParamError(f"{where}.function.name is required: a non-empty string",
-                                   f"{where}.function.name")
+        function, name = _function_of(tool, where, FUNCTION_KEYS)
         if name in seen:
             raise OpenAIParamError(f"{where}.function.name: {name!r} is defined twice",
                                    f"{where}.function.name")
@@ -94,6 +84,25 @@ def _definitions(tools: Any) -> tuple[dict[str, Any], ...]:
                                    f"{where}.function.parameters")
         definitions.append({"type": "function", "function": checked})
     return tuple(definitions)
+
+
+def _function_of(item: dict[str, Any], where: str, known: frozenset[str] | None = None
+                 ) -> tuple[dict[str, Any], str]:
+    """A tool's or a tool call's `function` object and its name, checked: the item's type is
+    "function" and the name a non-empty string; with `known`, no other key."""
+    if item.get("type", "function") != "function":
+        raise OpenAIParamError(f'{where}.type must be "function", got {item["type"]!r}',
+                               f"{where}.type")
+    if item.get("function") is None:
+        raise OpenAIParamError(f"{where}.function is required", f"{where}.function")
+    function = expect(item["function"], f"{where}.function", "object")
+    if known is not None:
+        _refuse_unknown_keys(function, known, f"{where}.function")
+    name = function.get("name")
+    if not name or not isinstance(name, str):
+        raise OpenAIParamError(f"{where}.function.name is required: a non-empty string",
+                               f"{where}.function.name")
+    return function, name
 
 
 def _refuse_unknown_keys(value: dict[str, Any], known: frozenset[str], where: str) -> None:
@@ -188,16 +197,7 @@ def history_tool_calls(calls: Any, where: str) -> tuple[ToolCall, ...]:
     for index, call in enumerate(calls):
         here = f"{where}[{index}]"
         expect(call, here, "object")
-        if call.get("type", "function") != "function":
-            raise OpenAIParamError(f'{here}.type must be "function", got {call["type"]!r}',
-                                   f"{here}.type")
-        if call.get("function") is None:
-            raise OpenAIParamError(f"{here}.function is required", f"{here}.function")
-        function = expect(call["function"], f"{here}.function", "object")
-        name = function.get("name")
-        if not name or not isinstance(name, str):
-            raise OpenAIParamError(f"{here}.function.name is required: a non-empty string",
-                                   f"{here}.function.name")
+        function, name = _function_of(call, here)
         arguments = function.get("arguments")
         arguments = "{}" if arguments is None else expect(
             arguments, f"{here}.function.arguments", "string", "object")
