@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "a fleet's allocator does several times less work per executor "
                             "(docs/architecture.md) "
                             f"(env {ENV_PREFIX}_STEP_INTERVAL)")
+    cache.add_argument("--reserve-blocks", type=int, default=env("RESERVE_BLOCKS", 1),
+                       help="whole blocks a decoding sequence's Append reserves ahead: 2 "
+                            "halves the Appends a fleet's allocator handles, for one more block "
+                            "held ahead by every running sequence "
+                            f"(env {ENV_PREFIX}_RESERVE_BLOCKS)")
     cache.add_argument("--max-beam-width", type=int, default=env("MAX_BEAM_WIDTH", 16),
                        help="the widest beam search a request may ask for; each beam is a "
                             f"running sequence (env {ENV_PREFIX}_MAX_BEAM_WIDTH)")
@@ -153,7 +158,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
     for name, low in (("num_blocks", 0), ("max_model_len", 0), ("max_num_seqs", 1),
                       ("torch_threads", 0),
                       ("max_num_batched_tokens", 1), ("lookahead_slots", 0),
-                      ("step_interval", 1), ("max_beam_width", 1)):
+                      ("step_interval", 1), ("max_beam_width", 1),
+                      ("reserve_blocks", 1)):
         if getattr(args, name) < low:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least {low}")
     if args.max_beam_width > MAX_N:
@@ -183,7 +189,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         max_model_len=args.max_model_len or None, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         lookahead_slots=args.lookahead_slots, step_interval=args.step_interval,
-        max_beam_width=args.max_beam_width, compile=args.compile, enforce_eager=args.enforce_eager,
+        max_beam_width=args.max_beam_width, reserve_blocks=args.reserve_blocks,
+        compile=args.compile, enforce_eager=args.enforce_eager,
         sampler_seed=None if args.seed < 0 else args.seed)
     return ExecutorConfig(
         server=server, allocator_group=allocator_group,

@@ -54,7 +54,8 @@ class SimSummary:
 
 
 def simulate(target: str, executor_id: str, workload: FleetWorkload, seconds: float, seed: int,
-             *, num_blocks: int = DEFAULT_NUM_BLOCKS, step_interval: int = 1, token: str = "",
+             *, num_blocks: int = DEFAULT_NUM_BLOCKS, step_interval: int = 1, reserve_blocks: int = 1,
+             token: str = "",
              stream_path: Path | None = None) -> SimSummary:
     forward = TimedForwardPass(workload.iteration_s)
     stream = StepStream(executor_id, num_blocks, BLOCK_SIZE, "fleet-sim:bs16",
@@ -62,7 +63,7 @@ def simulate(target: str, executor_id: str, workload: FleetWorkload, seconds: fl
     client = RemoteBlockAllocator(target, executor_id, "127.0.0.1:0", token=token)
     recorder = RecordingAllocator(client, forward, stream)
     config = SchedulerConfig(BLOCK_SIZE, workload.target_running, MAX_NUM_BATCHED_TOKENS,
-                             step_interval=step_interval)
+                             step_interval=step_interval, reserve_blocks=reserve_blocks)
     engine = Engine(forward, RandomSampler(workload.vocab_size, seed), recorder, config,
                     vocab_size=workload.vocab_size, max_model_len=MAX_MODEL_LEN,
                     eos_token_ids=())
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS)
     parser.add_argument("--step-interval", type=int, default=1,
                         help="the executor's --step-interval (coalesced Steps)")
+    parser.add_argument("--reserve-blocks", type=int, default=1,
+                        help="the executor's --reserve-blocks (blocks an Append reserves ahead)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--token", default="", help="the allocator's bearer token, if any")
     parser.add_argument("--out", type=Path, help="write the Step stream here")
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = FleetWorkload(target_running=args.running, iteration_s=args.iteration_ms / 1000)
     summary = simulate(args.target, args.executor_id, workload, args.seconds, args.seed,
                        num_blocks=args.num_blocks, step_interval=args.step_interval,
-                       token=args.token, stream_path=args.out)
+                       reserve_blocks=args.reserve_blocks, token=args.token, stream_path=args.out)
     print(json.dumps(asdict(summary)), flush=True)
     return 0
 

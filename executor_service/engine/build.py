@@ -51,6 +51,8 @@ class EngineOptions:
     step_interval: int = 1
     # The widest beam search a request may ask for.
     max_beam_width: int = 16
+    # Whole blocks a decoding sequence's Append reserves ahead (scheduler.py).
+    reserve_blocks: int = 1
     sampler_seed: int | None = None
     # torch.compile of the forward pass's tensor math: auto (on CUDA only), on, off (eager).
     compile: str = "auto"
@@ -123,7 +125,7 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
     scheduler = SchedulerConfig(options.block_size, options.max_num_seqs,
                                 options.max_num_batched_tokens, options.lookahead_slots,
                                 options.sparse_steps, options.step_interval,
-                                options.max_beam_width)
+                                options.max_beam_width, options.reserve_blocks)
     engine = Engine.for_model(model, kv_cache, allocator, scheduler,
                               max_model_len=max_model_len,
                               eos_token_ids=config.eos_token_ids,

@@ -73,10 +73,14 @@ def decode_steadily(engine, num_seqs: int, prompt_len: int) -> None:
         engine.step()
 
 
-@pytest.mark.parametrize("sparse, appends_per_iteration", [(True, 32 / BLOCK), (False, 32)])
+@pytest.mark.parametrize("sparse, reserve_blocks, appends_per_iteration",
+                         [(True, 1, 32 / BLOCK), (True, 2, 32 / (2 * BLOCK)), (False, 1, 32)])
 def test_a_steady_decode_sends_one_append_per_sequence_per_block(checkpoint, sparse,
+                                                                 reserve_blocks,
                                                                  appends_per_iteration):
-    engine = engine_for(checkpoint, sparse_steps=sparse)
+    """32 sequences decoding: sparse, one Append per sequence per block (per two blocks when
+    each Append reserves two); per token, one every iteration."""
+    engine = engine_for(checkpoint, sparse_steps=sparse, reserve_blocks=reserve_blocks)
     decode_steadily(engine, num_seqs=32, prompt_len=9)
     # The first decodes publish the prompt and bring each reserve onto a block boundary.
     for _ in range(BLOCK):
@@ -89,8 +93,8 @@ def test_a_steady_decode_sends_one_append_per_sequence_per_block(checkpoint, spa
     assert counter.appends == appends_per_iteration * iterations
     assert engine.scheduler.num_stalls == stalls == 0
     if sparse:
-        # Every sequence's Append falls in the same iterations: a Step every 16th one.
-        assert counter.steps == iterations // BLOCK
+        # Every sequence's Append falls in the same iterations: a Step every 16th one (32nd).
+        assert counter.steps == iterations // (reserve_blocks * BLOCK)
 
 
 def test_every_full_block_reaches_the_prefix_cache_when_the_next_is_reserved(checkpoint):
@@ -172,3 +176,29 @@ def test_coalesced_steps_answer_what_a_step_per_iteration_answers(checkpoint):
         assert audit_pool("local", pool) == []
     assert answers[4] == answers[1]
     assert steps[4] < steps[1]
+
+
+def test_a_two_block_reserve_answers_the_same_with_half_the_appends(checkpoint):
+    """Forks, copy-on-write and prefix hits with every Append reserving two blocks: the same
+    tokens as with one, no write into a shared block, no stall, a clean audit."""
+    shared, other = random_prompts([40, 23], seed=9)
+    prompts = [shared, shared + [5, 6, 7], other, shared, other[:9]]
+    params = [SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=60, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=70, ignore_eos=True),
+              SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=50, ignore_eos=True),
+              SamplingParams(n=2, temperature=1.0, seed=13, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True)]
+    answers, appends = {}, {}
+    for reserve_blocks in (1, 2):
+        engine = engine_for(checkpoint, reserve_blocks=reserve_blocks)
+        pool = engine.allocator.pool
+        written_shared = shared_writes(engine)
+        counter = OpCounter(engine)
+        answers[reserve_blocks] = [c.choices for c in generate(engine, prompts, params)]
+        appends[reserve_blocks] = counter.appends
+        assert written_shared == []
+        assert engine.scheduler.num_stalls == 0
+        assert not pool.sequences
+        assert audit_pool("local", pool) == []
+    assert answers[2] == answers[1]
+    assert appends[2] < appends[1]
