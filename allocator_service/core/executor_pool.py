@@ -59,7 +59,8 @@ class ExecutorPool:
         must compute that token to get the logits of the first output token.
         """
         size = self.block_size
-        chain_hash_, chain_key = root_hash(self.model_fingerprint, cache_salt), cache_salt
+        chain_hash_ = root_hash(self.model_fingerprint, cache_salt)
+        chain_key: PrefixKey = cache_salt
         hits: list[Block] = []
         hash_fn, lookup = self.blocks.hash_fn, self.blocks.lookup
         for start in range(0, (len(token_ids) - 1) // size * size, size):
@@ -156,7 +157,7 @@ class ExecutorPool:
         if seq is None:
             raise UnknownSequence(seq_id)
         grow, copy = self._append_cost(seq, len(token_ids), lookahead_slots)
-        growth = NO_GROWTH
+        growth: Growth | None = NO_GROWTH
         if grow or copy:
             growth = self._grow(seq, grow, copy)
             if growth is None:

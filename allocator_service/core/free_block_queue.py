@@ -29,7 +29,7 @@ class FreeBlockQueue:
         unlinked, its blocks are freed by reference counting alone, without the cyclic
         garbage collector (which the allocator keeps away from its pools, see
         allocator_service/server/heap.py)."""
-        block = self._head
+        block: Block | None = self._head
         while block is not None:
             following = block.next_free
             block.prev_free = block.next_free = None
