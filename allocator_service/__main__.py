@@ -15,8 +15,10 @@ from allocator_service.server.allocator_servicer import AllocatorServicer
 from allocator_service.server.config import AllocatorConfig, StateStoreOptions, parse_config
 from allocator_service.server.executor_identity import ExecutorIdentityInterceptor
 from allocator_service.server.heap import freeze_long_lived
+from allocator_service.server.step_channel import StepChannel
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
+from pagedserve.common.auth import BearerTokenInterceptor
 from pagedserve.common.logs import setup_logging
 from pagedserve.common.server import GrpcService
 
@@ -62,28 +64,38 @@ def load_state(state: AllocatorState, stop: threading.Event, log: logging.Logger
             return False
 
 
-def build_service(config: AllocatorConfig) -> tuple[GrpcService, AllocatorState]:
+def build_service(config: AllocatorConfig
+                  ) -> tuple[GrpcService, AllocatorState, StepChannel | None]:
     core = Allocator(lease_ttl_s=config.lease_ttl_s, step_log_size=config.step_log_size)
     state = AllocatorState(core, build_store(config.state))
-
-    def add_servicers(server):  # type: ignore[no-untyped-def]
-        pb_grpc.add_AllocatorServicer_to_server(AllocatorServicer(state), server)
-        pb_grpc.add_AllocatorAdminServicer_to_server(AllocatorAdminServicer(state), server)
-
-    auth = None
+    auth: BearerTokenInterceptor | None = None
     if config.executor_tokens is not None:
         auth = ExecutorIdentityInterceptor(config.server.auth_token, config.executor_tokens)
+    elif config.server.auth_token:
+        auth = BearerTokenInterceptor([config.server.auth_token])
+    # Bound before the servicer is made: every registration names its port.
+    channel = None
+    if config.step_port >= 0:
+        channel = StepChannel(state, config.server, config.step_port, auth)
+
+    def add_servicers(server):  # type: ignore[no-untyped-def]
+        pb_grpc.add_AllocatorServicer_to_server(
+            AllocatorServicer(state, channel.port if channel else 0), server)
+        pb_grpc.add_AllocatorAdminServicer_to_server(AllocatorAdminServicer(state), server)
+
     service = GrpcService(config.server, SERVICE_NAMES, add_servicers, auth)
     state.on_availability = service.set_serving
-    return service, state
+    return service, state, channel
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     log = setup_logging("allocator", config.log_level)
-    service, state = build_service(config)
+    service, state, channel = build_service(config)
     stop = threading.Event()
     service.start()
+    if channel is not None:
+        channel.start()
     # One machine-readable line on stdout: tests and `pagedserve up` read the bound port here.
     # Health stays NOT_SERVING (and every call UNAVAILABLE) until the state is loaded.
     print(f"allocator listening on {config.server.host}:{service.port}", flush=True)
@@ -101,12 +113,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     threading.Thread(target=load_then_serve, name="state-loader", daemon=True).start()
     log.info("lease ttl %.1fs, auth %s, state in %s", config.lease_ttl_s,
              auth_description(config), state.store.description)
+    if channel is not None:
+        log.info("Step channel on %s:%d%s", config.server.host, channel.port,
+                 " (TLS)" if channel.tls else "")
+    else:
+        log.info("no Step channel (--step-port -1): Steps go over gRPC")
+
+    def stop_channel() -> None:
+        # With the gRPC server: no new Step over either transport from here on.
+        if channel is not None:
+            channel.stop()
 
     def shut_down() -> None:
         stop.set()
         state.store.close()
 
-    service.run_until_signal(on_shutdown=shut_down)
+    service.run_until_signal(on_shutdown=shut_down, on_stop_requested=stop_channel)
     return 1 if failed.is_set() else 0
 
 

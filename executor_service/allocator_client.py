@@ -8,6 +8,12 @@ recovered without applying anything twice, and a durable allocator that comes ba
 where it was.
 An allocator that no longer knows this executor, or knows it under a newer epoch, lost (or
 handed on) our pool: `PoolLost` tells the engine to re-register and recompute what it ran.
+
+Steps go over the allocator's Step channel when its registration names one (a cheaper
+transport, executor_service/step_channel_client.py), else over the Step RPC; both fail with
+grpc.RpcError codes, so the retries above are the same. After a lost connection the next Step
+first asks for the channel's port again (a Heartbeat): a restarted allocator may listen on
+another one, or have none.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 
 from executor_service.lease_keeper import LeaseKeeper
+from executor_service.step_channel_client import StepChannelClient, target_host
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.client import open_channel
@@ -73,6 +80,13 @@ class RemoteBlockAllocator:
                  retry_deadline_s: float = 120.0) -> None:
         self.channel = open_channel(target, token, tls_ca)
         self.stub = pb_grpc.AllocatorStub(self.channel)
+        self._host, self._token, self._tls_ca = target_host(target), token, tls_ca
+        # The Step channel's port: 0 none (the Step RPC), None unknown since a connection broke.
+        self._channel_port: int | None = 0
+        self._registrations = 0
+        # Used from the call thread only, with the registration it was made under.
+        self._step_client: StepChannelClient | None = None
+        self._step_client_registration = 0
         self.executor_id, self.address = executor_id, address
         self.call_timeout_s, self.retry_deadline_s = call_timeout_s, retry_deadline_s
         self.epoch = 0
@@ -102,9 +116,24 @@ class RemoteBlockAllocator:
         with self._lock:
             self.epoch, self.last_step_id = reply.epoch, 0
             self.lease_ttl_s = reply.lease_ttl_s or self.lease_ttl_s
+            # A new registration may be with a restarted allocator: connect afresh.
+            self._channel_port = reply.step_channel_port
+            self._registrations += 1
         self._keeper.called()
         self._keeper.start()
+        log.info("registered %r at epoch %d; Steps go over %s", self.executor_id, reply.epoch,
+                 self.steps_over)
         return reply.epoch
+
+    @property
+    def steps_over(self) -> str:
+        """Where Steps go now (for logs and tests)."""
+        port = self._channel_port
+        if port == 0:
+            return "the Step RPC"
+        if port is None:
+            return "the Step channel, its port to be asked again"
+        return f"the Step channel at {self._host}:{port}"
 
     def submit(self, ops: Sequence[BlockOp]) -> RemoteStep:
         with self._lock:
@@ -117,7 +146,29 @@ class RemoteBlockAllocator:
     def send_step(self, request: pb.StepRequest) -> Future:
         """The Step call, in flight; its result() is the reply or raises the grpc.RpcError."""
         self._keeper.called()
-        return self._calls.submit(self.stub.Step, request, timeout=self.call_timeout_s)
+        return self._calls.submit(self._step, request)
+
+    def _step(self, request: pb.StepRequest) -> pb.StepResponse:
+        """One Step, on the call thread: over the Step channel when the allocator has one."""
+        port = self._channel_port
+        if port is None:
+            port = self._channel_port = self._send_heartbeat().step_channel_port
+        if port == 0:
+            return self.stub.Step(request, timeout=self.call_timeout_s)
+        client = self._step_client
+        if (client is None or client.port != port
+                or self._step_client_registration != self._registrations):
+            if client is not None:
+                client.close()
+            client = self._step_client = StepChannelClient(
+                self._host, port, self.executor_id, self._token, self._tls_ca)
+            self._step_client_registration = self._registrations
+        try:
+            return client.step(request, self.call_timeout_s)
+        except grpc.RpcError as error:
+            if error.code() in RETRIED:
+                self._channel_port = None
+            raise
 
     def heartbeat(self, num_waiting: int, num_running: int) -> None:
         """Renews the lease; raises PoolLost when the allocator dropped our pool."""
@@ -130,9 +181,9 @@ class RemoteBlockAllocator:
                 raise PoolLost(error.details()) from None
             log.warning("heartbeat failed: %s", error.code().name)
 
-    def _send_heartbeat(self) -> None:
+    def _send_heartbeat(self) -> pb.HeartbeatResponse:
         num_waiting, num_running = self._load
-        self.stub.Heartbeat(pb.HeartbeatRequest(
+        return self.stub.Heartbeat(pb.HeartbeatRequest(
             executor_id=self.executor_id, epoch=self.epoch, num_waiting=num_waiting,
             num_running=num_running), timeout=self.call_timeout_s)
 
@@ -147,4 +198,6 @@ class RemoteBlockAllocator:
     def close(self) -> None:
         self._keeper.close()
         self._calls.shutdown(wait=False, cancel_futures=True)
+        if self._step_client is not None:
+            self._step_client.close()
         self.channel.close()

@@ -8,15 +8,18 @@ from allocator_service.durability import commands
 from allocator_service.durability.state import AllocatorState
 from allocator_service.server import convert
 from allocator_service.server.heap import freeze_long_lived
+from allocator_service.server.step_handler import handle_step
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.errors import InvalidArgument
-from pagedserve.protocol.block_codec import ops_from_proto, step_result_to_proto
 
 
 class AllocatorServicer(pb_grpc.AllocatorServicer):
-    def __init__(self, state: AllocatorState) -> None:
+    def __init__(self, state: AllocatorState, step_channel_port: int = 0) -> None:
+        """`step_channel_port`: where the Step channel listens, told to every executor that
+        registers or asks (0: no channel)."""
         self.state = state
+        self.step_channel_port = step_channel_port
 
     def RegisterExecutor(self, request: pb.RegisterExecutorRequest,
                          context: grpc.ServicerContext) -> pb.RegisterExecutorResponse:
@@ -28,7 +31,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             self.state.commit(commands.register(request))
         freeze_long_lived()
         return pb.RegisterExecutorResponse(epoch=executor.epoch,
-                                           lease_ttl_s=self.state.core.lease_ttl_s)
+                                           lease_ttl_s=self.state.core.lease_ttl_s,
+                                           step_channel_port=self.step_channel_port)
 
     def Heartbeat(self, request: pb.HeartbeatRequest,
                   context: grpc.ServicerContext) -> pb.HeartbeatResponse:
@@ -38,18 +42,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         with self.state.reading() as core:
             core.heartbeat(request.executor_id, request.epoch, request.num_waiting,
                            request.num_running)
-        return pb.HeartbeatResponse(lease_ttl_s=self.state.core.lease_ttl_s)
+        return pb.HeartbeatResponse(lease_ttl_s=self.state.core.lease_ttl_s,
+                                    step_channel_port=self.step_channel_port)
 
     def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
-        ops = ops_from_proto(request.ops)
-        # A retry is the same request byte for byte; a replay carrying other ops is caught.
-        body = request.SerializeToString(deterministic=True)
-        with self.state.writing() as core:
-            result = core.step(request.executor_id, request.epoch, request.step_id, ops,
-                               commands.step_digest(body))
-            if not result.replayed:
-                self.state.commit(commands.step(body))
-        return step_result_to_proto(result)
+        return handle_step(self.state, request)
 
     def MatchPrefix(self, request: pb.MatchPrefixRequest,
                     context: grpc.ServicerContext) -> pb.MatchPrefixResponse:

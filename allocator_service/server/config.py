@@ -33,6 +33,8 @@ class AllocatorConfig:
     log_level: str
     # Each executor's own token, binding its calls to its pool; None: the shared token only.
     executor_tokens: ExecutorTokens | None = None
+    # The Step channel's port on the gRPC host: 0 lets the OS choose, -1 serves no channel.
+    step_port: int = 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                         default=env_or(f"{ENV_PREFIX}_STEP_LOG_SIZE", 64),
                         help="recent step results kept per executor to answer retries "
                              f"(env {ENV_PREFIX}_STEP_LOG_SIZE)")
+    parser.add_argument("--step-port", type=int, default=env_or(f"{ENV_PREFIX}_STEP_PORT", 0),
+                        help="port of the Step channel, a cheaper transport for executors' "
+                             "Steps (docs/allocator.md), on the --host of the gRPC port: 0 "
+                             "picks a free one, -1 serves none (Steps then go over gRPC) "
+                             f"(env {ENV_PREFIX}_STEP_PORT)")
     parser.add_argument("--executor-tokens", default=env_or(f"{ENV_PREFIX}_EXECUTOR_TOKENS", ""),
                         help="file of 'EXECUTOR_ID TOKEN' lines: each executor calls with its "
                              "own token (its --allocator-token) and may then register, renew "
@@ -85,6 +92,9 @@ def parse_config(argv: Sequence[str] | None = None) -> AllocatorConfig:
     if args.state_url and urlsplit(args.state_url).scheme not in ("redis", "rediss", "unix"):
         raise SystemExit(f"--state-url must be a redis://, rediss:// or unix:// URL, got "
                          f"{redacted(args.state_url)!r}")
+    if not -1 <= args.step_port <= 65535:
+        raise SystemExit(f"--step-port must be between -1 (no Step channel), 0 (pick a free "
+                         f"one) and 65535, got {args.step_port}")
     if args.snapshot_every < 1:
         raise SystemExit(f"--snapshot-every must be at least 1, got {args.snapshot_every}")
     if args.events_max < 1:
@@ -105,4 +115,5 @@ def parse_config(argv: Sequence[str] | None = None) -> AllocatorConfig:
                               args.events_max, args.state_timeout)
     return AllocatorConfig(server=server_options(args), lease_ttl_s=args.lease_ttl,
                            step_log_size=args.step_log_size, state=state,
-                           log_level=args.log_level, executor_tokens=executor_tokens)
+                           log_level=args.log_level, executor_tokens=executor_tokens,
+                           step_port=args.step_port)

@@ -41,24 +41,43 @@ class ExecutorIdentityInterceptor(BearerTokenInterceptor):
                                 _only_for(caller, method, behaviour))
         if caller is None:
             return handler
-        message = (f"the token of executor {caller!r} may only call RegisterExecutor, "
-                   f"Heartbeat and Step for that executor, not {method}; use the shared "
-                   "--auth-token")
+        message = _not_an_executor_method(caller, method)
         return wrap_handler(handler, lambda _behaviour, _streams: _refuse(message))
+
+    def check(self, sent: str | None, method: str, request: Any,
+              carrier: str = "metadata") -> None:
+        super().check(sent, method, request, carrier)
+        caller = self._executors.owner(sent)
+        name = method.rsplit("/", 1)[-1]
+        if method in EXECUTOR_METHODS:
+            check_acts_for(caller, request.executor_id, name)
+        elif caller is not None:
+            raise PermissionDenied(_not_an_executor_method(caller, name))
+
+
+def check_acts_for(caller: str | None, wanted: str, method: str) -> None:
+    """PermissionDenied unless the caller (the executor whose token it sent; None for the
+    shared token) is the executor the request names."""
+    if caller is None:
+        raise PermissionDenied(
+            f"{method} for executor {wanted!r} needs that executor's own token from "
+            "--executor-tokens; the shared --auth-token cannot act for an executor")
+    if wanted != caller:
+        raise PermissionDenied(
+            f"executor {caller!r} may not call {method} for executor {wanted!r}: each "
+            "executor acts only on its own pool, with its own token")
+
+
+def _not_an_executor_method(caller: str, method: str) -> str:
+    return (f"the token of executor {caller!r} may only call RegisterExecutor, "
+            f"Heartbeat and Step for that executor, not {method}; use the shared "
+            "--auth-token")
 
 
 def _only_for(caller: str | None, method: str, behaviour: Behaviour) -> Behaviour:
     """`behaviour`, run only when the request's executor is the caller."""
     def checked(request: Any, context: grpc.ServicerContext) -> Any:
-        wanted = request.executor_id
-        if caller is None:
-            raise PermissionDenied(
-                f"{method} for executor {wanted!r} needs that executor's own token from "
-                "--executor-tokens; the shared --auth-token cannot act for an executor")
-        if wanted != caller:
-            raise PermissionDenied(
-                f"executor {caller!r} may not call {method} for executor {wanted!r}: each "
-                "executor acts only on its own pool, with its own token")
+        check_acts_for(caller, request.executor_id, method)
         return behaviour(request, context)
     return checked
 

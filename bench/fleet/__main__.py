@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from bench.fleet.capacity import STORES, Timing, record, replay_point
 from bench.fleet.plot import write_plot
+from bench.fleet.replay import TRANSPORTS
 from bench.fleet.report import (FleetResults, Point, Recording, group_rows, section_body,
                                 summary_rows)
 from bench.fleet.workload import FleetWorkload
@@ -46,7 +47,7 @@ def compare_intervals(results: FleetResults, it: float, streams: list, args, tim
     for interval, paths in ((args.baseline_interval, baseline), (args.step_interval, streams)):
         progress.set_description(f"{it:g} ms: {n} executors at step interval {interval}")
         results.interval_points.append((interval, Point(it, "memory", replay_point(
-            paths, n, "memory", timing, work, seed=99))))
+            paths, n, "memory", timing, work, seed=99, transport=args.transport))))
         progress.update(1)
 
 
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also record at this interval and replay it beside the other at "
                              "one N, in memory (0: no comparison)")
     parser.add_argument("--baseline-executors", type=int, default=8)
+    parser.add_argument("--transport", choices=TRANSPORTS, default="channel",
+                        help="how replayed Steps travel: the allocator's Step channel, or "
+                             "Step RPCs")
     parser.add_argument("--group-shards", type=int, default=4,
                         help="shards of the allocator group replayed at the first iteration "
                              "time (0: none)")
@@ -88,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         f"executors per iteration time; each replay starts its executors over "
         f"{timing.spread_s:g} s, warms up for {timing.warmup_s:g} s and measures "
         f"{timing.measure_s:g} s. Simulated executors coalesce Steps with --step-interval "
-        f"{args.step_interval}.")
+        f"{args.step_interval}; replayed Steps travel over the "
+        f"{'Step channel' if args.transport == 'channel' else 'Step RPC'}.")
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch:
         work = Path(scratch)
         compare = args.baseline_interval > 0
@@ -107,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                     for store in order:
                         if store not in saturated:
                             progress.set_description(f"{it:g} ms: {n} executors, {store}")
-                            point = Point(it, store, replay_point(streams, n, store, timing,
-                                                                  work, seed=index))
+                            point = Point(it, store, replay_point(
+                                streams, n, store, timing, work, seed=index,
+                                transport=args.transport))
                             results.points.append(point)
                             if point.saturated:
                                 saturated.add(store)
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                                              f"{args.group_shards} shards")
                     results.group_points.append(Point(it, "memory", replay_point(
                         streams, args.group_executors, "memory", timing, work, seed=77,
-                        shards=args.group_shards)))
+                        shards=args.group_shards, transport=args.transport)))
                     progress.update(1)
                 if compare:
                     compare_intervals(results, it, streams, args, timing, work, progress)

@@ -59,9 +59,11 @@ def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
 
 
 def replay_point(streams: list[Path], executors: int, store: str, timing: Timing,
-                 work_dir: Path, seed: int = 0, shards: int = 1) -> ReplayResult:
+                 work_dir: Path, seed: int = 0, shards: int = 1,
+                 transport: str = "channel") -> ReplayResult:
     """One replay of `executors` executors against a fresh allocator with `store`, or a fresh
-    allocator group of `shards` (durable ones share one Redis, a namespace each)."""
+    allocator group of `shards` (durable ones share one Redis, a namespace each); Steps over
+    `transport` (replay.py's --transport)."""
     result_path = work_dir / f"replay-{streams[0].stem}-{store}-{executors}-s{shards}.json"
     with ExitStack() as stack:
         args = ["--lease-ttl", LEASE_TTL]
@@ -78,6 +80,7 @@ def replay_point(streams: list[Path], executors: int, store: str, timing: Timing
              "--executors", str(executors),
              "--allocator-pid", ",".join(str(a.process.pid) for a in allocators),
              "--warmup-s", str(timing.warmup_s), "--measure-s", str(timing.measure_s),
-             "--spread-s", str(timing.spread_s), "--seed", str(seed), "--out", str(result_path),
+             "--spread-s", str(timing.spread_s), "--seed", str(seed), "--transport", transport,
+             "--out", str(result_path),
              *map(str, streams)], check=True)
     return ReplayResult(**json.loads(result_path.read_text()))

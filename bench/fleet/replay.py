@@ -13,6 +13,10 @@ it was in flight) and its answer took longer than the rest of that forward pass.
 stalls count only inside the measured window (after `warmup_s`, when every executor has started
 and filled its batch); so does the allocator's CPU time, read from /proc.
 
+Steps go over the allocator's Step channel (one connection per replayed executor, the frames
+of pagedserve/protocol/step_frames.py) when its registration names one, as the executor's
+client does; `--transport grpc` sends them as Step RPCs instead, to measure that path.
+
 An allocator group is replayed the same way: `--target` lists its shards and
 `--allocator-pid` their processes, and executor `replay-k` registers with the shard its id
 hashes to, as a real executor does (pagedserve/common/allocator_shards.py). Each shard's CPU
@@ -30,7 +34,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,9 +42,12 @@ import grpc
 
 from bench.fleet.step_stream import StepStream, step_body
 from bench.serve.stack import cpu_seconds
+from executor_service.step_channel_client import target_host
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.allocator_shards import parse_allocator_group, shard_of
+from pagedserve.protocol.step_frames import LENGTH, frame, hello_frame, payload_length, reply_body
 
+TRANSPORTS = ("channel", "grpc")
 STEP_METHOD = "/pagedserve.allocator.v1.Allocator/Step"
 REGISTER_METHOD = "/pagedserve.allocator.v1.Allocator/RegisterExecutor"
 # An answer this much past its slack is still on time (the driver's own scheduling jitter).
@@ -67,6 +74,8 @@ class ReplayResult:
     shard_executors: list[int] = field(default_factory=list)
     driver_cpu_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
+    # Replayed executors whose Steps went over the Step channel (the others used the RPC).
+    channel_executors: int = 0
 
 
 class Window:
@@ -79,15 +88,60 @@ class Window:
         return self.start <= moment < self.end
 
 
-async def play(channel: grpc.aio.Channel, stream: StepStream, executor_id: str, start: float,
-               window: Window, result: ReplayResult) -> None:
+class ChannelSteps:
+    """One replayed executor's connection to the Step channel: bytes in, bytes out, like the
+    RPC's bytes-level stub."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: str, port: int, executor_id: str) -> ChannelSteps:
+        reader, writer = await asyncio.open_connection(host, port)
+        steps = cls(reader, writer)
+        writer.write(hello_frame(executor_id))
+        await steps.reply()
+        return steps
+
+    async def __call__(self, body: bytes) -> bytes:
+        self.writer.write(frame(body))
+        return await self.reply()
+
+    async def reply(self) -> bytes:
+        length = payload_length(await self.reader.readexactly(LENGTH.size))
+        return reply_body(await self.reader.readexactly(length))
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+async def play(channel: grpc.aio.Channel, target: str, stream: StepStream, executor_id: str,
+               start: float, window: Window, result: ReplayResult,
+               transport: str = "channel") -> None:
     register = channel.unary_unary(REGISTER_METHOD,
                                    request_serializer=pb.RegisterExecutorRequest.SerializeToString,
                                    response_deserializer=pb.RegisterExecutorResponse.FromString)
-    step = channel.unary_unary(STEP_METHOD)  # bytes in, bytes out
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start - loop.time()))
-    epoch = (await register(stream.register_request(executor_id))).epoch
+    registered = await register(stream.register_request(executor_id))
+    epoch = registered.epoch
+    if transport == "channel" and registered.step_channel_port:
+        step = await ChannelSteps.open(target_host(target), registered.step_channel_port,
+                                       executor_id)
+        result.channel_executors += 1
+    else:
+        step = channel.unary_unary(STEP_METHOD)  # bytes in, bytes out
+    try:
+        await play_steps(step, stream, executor_id, epoch, window, result)
+    finally:
+        if isinstance(step, ChannelSteps):
+            await step.close()
+
+
+async def play_steps(step: Callable[[bytes], Awaitable[bytes]], stream: StepStream,
+                     executor_id: str, epoch: int, window: Window, result: ReplayResult) -> None:
+    loop = asyncio.get_running_loop()
     begun = loop.time()
     for step_id, recorded in enumerate(stream.steps, start=1):
         due = begun + recorded.offset_s
@@ -113,9 +167,11 @@ async def play(channel: grpc.aio.Channel, stream: StepStream, executor_id: str, 
 
 async def replay(shards: Sequence[str], streams: list[StepStream], executors: int, *,
                  warmup_s: float, measure_s: float, spread_s: float,
-                 allocator_pids: Sequence[int] = (), seed: int = 0) -> ReplayResult:
+                 allocator_pids: Sequence[int] = (), seed: int = 0,
+                 transport: str = "channel") -> ReplayResult:
     """`shards`: the allocator, or every shard of a group; `allocator_pids`: their processes,
-    in the same order (none: no CPU figures)."""
+    in the same order (none: no CPU figures); `transport`: "channel" (the Step channel where
+    the allocator has one) or "grpc"."""
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     now = loop.time()
@@ -127,8 +183,9 @@ async def replay(shards: Sequence[str], streams: list[StepStream], executors: in
     # A few channels per shard: one HTTP/2 connection would serialize every stream's frames.
     channels = [[grpc.aio.insecure_channel(shard) for _ in range(max(1, min(8, count)))]
                 for shard, count in zip(shards, result.shard_executors)]
-    tasks = [play(channels[owner][k % len(channels[owner])], streams[k % len(streams)],
-                  ids[k], now + rng.uniform(0, spread_s), window, result)
+    tasks = [play(channels[owner][k % len(channels[owner])], shards[owner],
+                  streams[k % len(streams)], ids[k], now + rng.uniform(0, spread_s), window,
+                  result, transport)
              for k, owner in enumerate(owners)]
     gathered = asyncio.gather(*tasks)
     await sleep_until(window.start)
@@ -164,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-s", type=float, default=20.0)
     parser.add_argument("--spread-s", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transport", choices=TRANSPORTS, default="channel",
+                        help="how Steps travel: the allocator's Step channel (where it has "
+                             "one), or Step RPCs")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     streams = [StepStream.load(path) for path in args.streams]
@@ -174,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         parse_allocator_group(args.target), streams, args.executors, warmup_s=args.warmup_s,
         measure_s=args.measure_s, spread_s=args.spread_s,
         allocator_pids=[int(pid) for pid in args.allocator_pid.split(",") if pid],
-        seed=args.seed))
+        seed=args.seed, transport=args.transport))
     args.out.write_text(json.dumps(asdict(result)))
     return 0
 

@@ -56,12 +56,27 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         if handler is None or details.method.startswith(OPEN_METHOD_PREFIXES):
             return handler
         sent = dict(details.invocation_metadata or ()).get("authorization")
-        reason = bearer_refusal(sent, self._tokens)
-        if reason is None:
+        message = self.refusal(sent)
+        if message is None:
             return self._authorized(handler, details, sent)
-        message = f"{reason}; {self._hint}"
         refuse = self._refusal(message)
         return wrap_handler(handler, lambda _behaviour, _streams: refuse)
+
+    def refusal(self, sent: str | None, carrier: str = "metadata") -> str | None:
+        """Why a caller sending the `authorization` value `sent` is refused, with the hint;
+        None when it carries one of our tokens."""
+        reason = bearer_refusal(sent, self._tokens, carrier)
+        return None if reason is None else f"{reason}; {self._hint}"
+
+    def check(self, sent: str | None, method: str, request: Any,
+              carrier: str = "metadata") -> None:
+        """This interceptor's verdict on a call that reaches the service outside gRPC (the
+        allocator's Step channel, whose hello carries the token): raises what the handler
+        would, Unauthenticated for a token not ours. A subclass that narrows `_authorized`
+        narrows this the same way."""
+        message = self.refusal(sent, carrier)
+        if message is not None:
+            raise Unauthenticated(message)
 
     def _authorized(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails,
                     sent: str) -> grpc.RpcMethodHandler:

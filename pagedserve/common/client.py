@@ -1,6 +1,7 @@
 """Client channels to pagedserve services, with the bearer token and TLS when configured."""
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
@@ -35,6 +36,12 @@ def open_aio_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.aio
         return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS,
                                        interceptors=interceptors)
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+
+
+def tls_client_context(tls_ca: str) -> ssl.SSLContext:
+    """open_channel's TLS for a connection outside gRPC (the allocator's Step channel): trusts
+    the CA file, checks the host name."""
+    return ssl.create_default_context(cafile=tls_ca)
 
 
 def is_serving(channel: grpc.Channel, timeout_s: float = 1.0) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -67,6 +68,16 @@ def tls_credentials(options: ServerOptions) -> grpc.ServerCredentials:
         raise SystemExit("TLS needs both --tls-cert and --tls-key")
     return grpc.ssl_server_credentials([(
         Path(options.tls_key).read_bytes(), Path(options.tls_cert).read_bytes())])
+
+
+def tls_context(options: ServerOptions) -> ssl.SSLContext:
+    """tls_credentials' counterpart for a listener outside gRPC (the allocator's Step channel):
+    the same certificate and key."""
+    if not (options.tls_cert and options.tls_key):
+        raise SystemExit("TLS needs both --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(options.tls_cert, options.tls_key)
+    return context
 
 
 def health_status(serving: bool) -> int:

@@ -74,11 +74,19 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsy
                                     allocator_pids=[allocator.process.pid]))
         problems = audit(allocator.target)
     assert result.mismatches == 0
+    assert result.channel_executors == 3   # the allocator's Step channel, as executors use it
     assert result.steps == 3 * len(stream.steps)
     assert result.ops == 3 * sum(step.num_ops for step in stream.steps)
     assert len(result.latencies_ms) == result.steps
     assert result.allocator_cpu_s is not None and result.allocator_cpu_s > 0
     assert problems == []
+
+    # The Step RPC, still there to be measured, answers the same bytes.
+    with AllocatorProcess("--lease-ttl", "600") as allocator:
+        over_rpc = asyncio.run(replay([allocator.target], [stream], 1, warmup_s=0.0,
+                                      measure_s=6.0, spread_s=0.0, transport="grpc"))
+    assert (over_rpc.mismatches, over_rpc.channel_executors) == (0, 0)
+    assert over_rpc.steps == len(stream.steps)
 
     # An allocator group: each replayed executor registers with the shard its id hashes to.
     with Shards.start(2, "--lease-ttl", "600") as shards:

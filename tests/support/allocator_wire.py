@@ -35,6 +35,8 @@ class Executor:
     executor_id: str
     epoch: int
     step_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    # Where its registration said the Step channel listens (0: none).
+    step_channel_port: int = 0
 
     def step(self, *ops: pb.BlockOp) -> pb.StepResponse:
         return self.stub.Step(self.request(next(self.step_ids), *ops), timeout=5)
@@ -55,7 +57,8 @@ def register(stub: pb_grpc.AllocatorStub, executor_id: str, num_blocks: int = 8,
     response = stub.RegisterExecutor(pb.RegisterExecutorRequest(
         executor_id=executor_id, address=address, num_blocks=num_blocks, block_size=block_size,
         model_fingerprint=model_fingerprint), timeout=5)
-    return Executor(stub, executor_id, response.epoch)
+    return Executor(stub, executor_id, response.epoch,
+                    step_channel_port=response.step_channel_port)
 
 
 def allocate(seq_id: str, token_ids: Sequence[int], cache_salt: str = "",

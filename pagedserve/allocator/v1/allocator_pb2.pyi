@@ -56,12 +56,14 @@ class RegisterExecutorRequest(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
 
 class RegisterExecutorResponse(_message.Message):
-    __slots__ = ("epoch", "lease_ttl_s")
+    __slots__ = ("epoch", "lease_ttl_s", "step_channel_port")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_CHANNEL_PORT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     lease_ttl_s: float
-    def __init__(self, epoch: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+    step_channel_port: int
+    def __init__(self, epoch: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., step_channel_port: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("executor_id", "epoch", "num_waiting", "num_running")
@@ -76,10 +78,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., epoch: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("lease_ttl_s",)
+    __slots__ = ("lease_ttl_s", "step_channel_port")
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_CHANNEL_PORT_FIELD_NUMBER: _ClassVar[int]
     lease_ttl_s: float
-    def __init__(self, lease_ttl_s: _Optional[float] = ...) -> None: ...
+    step_channel_port: int
+    def __init__(self, lease_ttl_s: _Optional[float] = ..., step_channel_port: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("executor_id", "epoch", "step_id", "ops")
@@ -92,6 +96,14 @@ class StepRequest(_message.Message):
     step_id: int
     ops: _containers.RepeatedCompositeFieldContainer[BlockOp]
     def __init__(self, executor_id: _Optional[str] = ..., epoch: _Optional[int] = ..., step_id: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[BlockOp, _Mapping]]] = ...) -> None: ...
+
+class StepChannelHello(_message.Message):
+    __slots__ = ("executor_id", "auth_token")
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    executor_id: str
+    auth_token: str
+    def __init__(self, executor_id: _Optional[str] = ..., auth_token: _Optional[str] = ...) -> None: ...
 
 class BlockOp(_message.Message):
     __slots__ = ("allocate", "append", "fork", "free")
