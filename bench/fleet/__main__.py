@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from allocator_service.core.compiled_build import compiled_package_dir
 from bench.fleet.capacity import STORES, Timing, record, replay_point
 from bench.fleet.plot import write_plot
 from bench.fleet.replay import TRANSPORTS
@@ -31,6 +32,11 @@ from bench.report import (add_output_flags, command_line, image_link, machine_de
 QUICK = Timing(record_s=10.0, warmup_s=3.0, measure_s=4.0, spread_s=1.0)
 
 
+def core_build() -> str:
+    """Which allocator core the allocator processes import (they run from this checkout)."""
+    return "compiled (mypyc)" if compiled_package_dir() is not None else "interpreted"
+
+
 def parse_list(text: str, kind=float) -> list:
     return [kind(part) for part in text.split(",") if part]
 
@@ -41,7 +47,7 @@ def compare_intervals(results: FleetResults, it: float, streams: list, args, tim
     one, one after the other: what coalescing Steps saves the allocator."""
     progress.set_description(f"{it:g} ms: recording at step interval {args.baseline_interval}")
     baseline, _ = record(work / f"{it:g}ms-baseline", it, args.recorders, timing, args.running,
-                         args.baseline_interval)
+                         args.baseline_interval, args.reserve_blocks)
     progress.update(1)
     n = args.baseline_executors
     for interval, paths in ((args.baseline_interval, baseline), (args.step_interval, streams)):
@@ -55,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations-ms", default="20,5",
                         help="iteration times to simulate, comma-separated")
-    parser.add_argument("--executors", default="4,8,16,24,32,48,64",
+    parser.add_argument("--executors", default="4,8,16,24,32,48,64,96,128",
                         help="N of the replay sweep, comma-separated")
     parser.add_argument("--recorders", type=int, default=2,
                         help="simulated executors recording streams live")
@@ -64,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--step-interval", type=int, default=4,
                         help="the simulated executors' --step-interval (coalesced Steps)")
+    parser.add_argument("--reserve-blocks", type=int, default=2,
+                        help="the simulated executors' --reserve-blocks (blocks an Append "
+                             "reserves ahead)")
     parser.add_argument("--baseline-interval", type=int, default=1,
                         help="also record at this interval and replay it beside the other at "
                              "one N, in memory (0: no comparison)")
@@ -92,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         f"executors per iteration time; each replay starts its executors over "
         f"{timing.spread_s:g} s, warms up for {timing.warmup_s:g} s and measures "
         f"{timing.measure_s:g} s. Simulated executors coalesce Steps with --step-interval "
-        f"{args.step_interval}; replayed Steps travel over the "
+        f"{args.step_interval} and reserve --reserve-blocks {args.reserve_blocks} blocks per "
+        f"Append; the allocator core is {core_build()}; replayed Steps travel over the "
         f"{'Step channel' if args.transport == 'channel' else 'Step RPC'}.")
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch:
         work = Path(scratch)
@@ -103,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             for it in iterations:
                 progress.set_description(f"{it:g} ms: recording {args.recorders} executors")
                 streams, summaries = record(work / f"{it:g}ms", it, args.recorders, timing,
-                                            args.running, args.step_interval)
+                                            args.running, args.step_interval,
+                                            args.reserve_blocks)
                 results.recordings.append(Recording(it, summaries))
                 progress.update(1)
                 saturated: set[str] = set()

@@ -36,17 +36,18 @@ class Timing:
 
 
 def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
-           running: int, step_interval: int) -> tuple[list[Path], list[dict]]:
+           running: int, step_interval: int, reserve_blocks: int = 1
+           ) -> tuple[list[Path], list[dict]]:
     """Runs `recorders` simulated executors at once; their stream files and summaries."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"sim-{iteration_ms:g}ms-k{step_interval}-{k}.stream"
+    paths = [out_dir / f"sim-{iteration_ms:g}ms-k{step_interval}-r{reserve_blocks}-{k}.stream"
              for k in range(recorders)]
     with AllocatorProcess("--lease-ttl", LEASE_TTL) as allocator:
         sims = [subprocess.Popen(
             [sys.executable, "-m", "bench.fleet.sim_executor", "--target", allocator.target,
              "--executor-id", f"sim-{k}", "--seconds", str(timing.record_s),
              "--iteration-ms", str(iteration_ms), "--running", str(running), "--seed", str(k),
-             "--step-interval", str(step_interval),
+             "--step-interval", str(step_interval), "--reserve-blocks", str(reserve_blocks),
              "--out", str(path)], stdout=subprocess.PIPE, text=True)
             for k, path in enumerate(paths)]
         summaries = []
