@@ -153,52 +153,50 @@ def test_coalesced_steps_go_out_once_every_interval_in_a_steady_decode(checkpoin
     assert engine.scheduler.num_stalls == 0
 
 
+def mixed_workload(max_tokens: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Forks (n > 1, so copy-on-write), prefix hits (a prompt repeated, one extended) and plain
+    greedy requests; the longest asks `max_tokens`."""
+    shared, other = random_prompts([40, 23], seed=9)
+    prompts = [shared, shared + [5, 6, 7], other, shared, other[:9]]
+    params = [SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=max_tokens * 4 // 5,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=max_tokens * 7 // 10, ignore_eos=True),
+              SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=max_tokens * 3 // 5,
+                             ignore_eos=True),
+              SamplingParams(n=2, temperature=1.0, seed=13, max_tokens=max_tokens * 2 // 5,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)]
+    return prompts, params
+
+
+def checked_generate(checkpoint: Path, max_tokens: int, **options):
+    """The mixed workload on an engine built with `options`, checked as it runs: no write into
+    a shared block, no stall, every sequence freed, a clean audit. The choices and the count
+    of what was sent to the allocator."""
+    engine = engine_for(checkpoint, **options)
+    pool = engine.allocator.pool
+    written_shared = shared_writes(engine)
+    counter = OpCounter(engine)
+    choices = [c.choices for c in generate(engine, *mixed_workload(max_tokens))]
+    assert written_shared == []
+    assert engine.scheduler.num_stalls == 0
+    assert not pool.sequences
+    assert audit_pool("local", pool) == []
+    return choices, counter
+
+
 def test_coalesced_steps_answer_what_a_step_per_iteration_answers(checkpoint):
-    """Forks, copy-on-write and prefix hits with Steps put off: the same tokens, fewer Steps, no write into a shared block, a clean audit."""
-    shared, other = random_prompts([40, 23], seed=9)
-    prompts = [shared, shared + [5, 6, 7], other, shared, other[:9]]
-    params = [SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=40, ignore_eos=True),
-              SamplingParams(temperature=0.0, max_tokens=35, ignore_eos=True),
-              SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=30, ignore_eos=True),
-              SamplingParams(n=2, temperature=1.0, seed=13, max_tokens=20, ignore_eos=True),
-              SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)]
-    answers, steps = {}, {}
-    for interval in (1, 4):
-        engine = engine_for(checkpoint, step_interval=interval)
-        pool = engine.allocator.pool
-        written_shared = shared_writes(engine)
-        counter = OpCounter(engine)
-        answers[interval] = [c.choices for c in generate(engine, prompts, params)]
-        steps[interval] = counter.steps
-        assert written_shared == []
-        assert engine.scheduler.num_stalls == 0
-        assert not pool.sequences
-        assert audit_pool("local", pool) == []
-    assert answers[4] == answers[1]
-    assert steps[4] < steps[1]
+    """Forks, copy-on-write and prefix hits with Steps put off: the same tokens, fewer Steps."""
+    every, every_steps = checked_generate(checkpoint, 50, step_interval=1)
+    coalesced, coalesced_steps = checked_generate(checkpoint, 50, step_interval=4)
+    assert coalesced == every
+    assert coalesced_steps.steps < every_steps.steps
 
 
-def test_a_two_block_reserve_answers_the_same_with_half_the_appends(checkpoint):
+def test_a_two_block_reserve_answers_the_same_with_fewer_appends(checkpoint):
     """Forks, copy-on-write and prefix hits with every Append reserving two blocks: the same
-    tokens as with one, no write into a shared block, no stall, a clean audit."""
-    shared, other = random_prompts([40, 23], seed=9)
-    prompts = [shared, shared + [5, 6, 7], other, shared, other[:9]]
-    params = [SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=60, ignore_eos=True),
-              SamplingParams(temperature=0.0, max_tokens=70, ignore_eos=True),
-              SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=50, ignore_eos=True),
-              SamplingParams(n=2, temperature=1.0, seed=13, max_tokens=40, ignore_eos=True),
-              SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True)]
-    answers, appends = {}, {}
-    for reserve_blocks in (1, 2):
-        engine = engine_for(checkpoint, reserve_blocks=reserve_blocks)
-        pool = engine.allocator.pool
-        written_shared = shared_writes(engine)
-        counter = OpCounter(engine)
-        answers[reserve_blocks] = [c.choices for c in generate(engine, prompts, params)]
-        appends[reserve_blocks] = counter.appends
-        assert written_shared == []
-        assert engine.scheduler.num_stalls == 0
-        assert not pool.sequences
-        assert audit_pool("local", pool) == []
-    assert answers[2] == answers[1]
-    assert appends[2] < appends[1]
+    tokens as with one, fewer Appends."""
+    one, one_ops = checked_generate(checkpoint, 90, reserve_blocks=1)
+    two, two_ops = checked_generate(checkpoint, 90, reserve_blocks=2)
+    assert two == one
+    assert two_ops.appends < one_ops.appends
