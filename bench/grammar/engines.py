@@ -4,7 +4,7 @@ the executor asks llguidance for it, so every engine accepts the replayed tokens
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -69,17 +69,9 @@ class Llguidance:
         return matcher
 
     def replay(self, matcher: Any, tokens: Sequence[int]) -> list[float]:
-        fill = self._llg.torch.fill_next_token_bitmask
-        times = []
-        for token in [*tokens, None]:
-            start = time.perf_counter()
-            fill(matcher, self._bitmask)
-            if token is not None:
-                ok = matcher.consume_token(token)
-            times.append(time.perf_counter() - start)
-            if token is not None and not ok:
-                raise Refused(f"{self.name} refused token {token} at {len(times) - 1}")
-        return times
+        fill, bitmask = self._llg.torch.fill_next_token_bitmask, self._bitmask
+        return timed_replay(self.name, tokens, lambda: fill(matcher, bitmask),
+                            matcher.consume_token)
 
 
 class Xgrammar:
@@ -108,16 +100,9 @@ class Xgrammar:
         return self._xgr.GrammarMatcher(compiled)
 
     def replay(self, matcher: Any, tokens: Sequence[int]) -> list[float]:
-        times = []
-        for token in [*tokens, None]:
-            start = time.perf_counter()
-            matcher.fill_next_token_bitmask(self._bitmask)
-            if token is not None:
-                ok = matcher.accept_token(token)
-            times.append(time.perf_counter() - start)
-            if token is not None and not ok:
-                raise Refused(f"{self.name} refused token {token} at {len(times) - 1}")
-        return times
+        bitmask = self._bitmask
+        return timed_replay(self.name, tokens, lambda: matcher.fill_next_token_bitmask(bitmask),
+                            matcher.accept_token)
 
 
 class OutlinesCore:
@@ -147,15 +132,30 @@ class OutlinesCore:
         return self._oc.Guide(self._oc.Index(regex, self._vocabulary))
 
     def replay(self, guide: Any, tokens: Sequence[int]) -> list[float]:
-        times = []
         pointer, size = self._mask.data_ptr(), self._mask.numel()
-        for token in [*tokens, None]:
-            start = time.perf_counter()
-            guide.write_mask_into(pointer, size, 4)
+
+        def advance(token: int) -> bool:
             try:
-                if token is not None:
-                    guide.advance(token, return_tokens=False)
-            except ValueError:
-                raise Refused(f"{self.name} refused token {token} at {len(times)}") from None
-            times.append(time.perf_counter() - start)
-        return times
+                guide.advance(token, return_tokens=False)
+            except ValueError:  # its way of refusing a token
+                return False
+            return True
+
+        return timed_replay(self.name, tokens, lambda: guide.write_mask_into(pointer, size, 4),
+                            advance)
+
+
+def timed_replay(name: str, tokens: Sequence[int], fill: Callable[[], object],
+                 accept: Callable[[int], bool]) -> list[float]:
+    """Engine.replay for any engine: `fill` computes the next mask, `accept` takes a token
+    (False: refused). Each time covers one mask and the token after it; the last, the mask
+    after the last token."""
+    times = []
+    for token in [*tokens, None]:
+        start = time.perf_counter()
+        fill()
+        accepted = token is None or accept(token)
+        times.append(time.perf_counter() - start)
+        if not accepted:
+            raise Refused(f"{name} refused token {token} at {len(times) - 1}")
+    return times
