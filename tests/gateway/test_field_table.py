@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from gateway.openai_http.fields import CHAT, COMPLETIONS, FIELDS, Field, Handling
-from pagedserve.supervisor.service_process import gateway_stack
 from tests.support.allocator_wire import used_blocks
 from tests.support.polling import wait_for
 
@@ -22,12 +21,6 @@ BASE = {
 PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions"}
 ROWS = [(endpoint, entry) for entry in FIELDS for endpoint in entry.endpoints
         if entry.example is not None]
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with gateway_stack(tmp_path_factory.mktemp("cache")) as stack:
-        yield stack
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from gateway.cluster_metrics import declared_families
 from gateway.generation import GenerationEvent, Usage
 from gateway.metrics import GatewayMetrics
 from pagedserve.common import errors
-from pagedserve.supervisor.service_process import gateway_stack
 
 MODEL = "pagedserve-embedded-llama"
 
@@ -145,12 +144,6 @@ def test_a_request_refused_before_its_first_event_is_labelled_as_it_asked():
 
 
 # -- a live gateway ------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with gateway_stack(tmp_path_factory.mktemp("cache")) as stack:
-        yield stack
-
 
 def scrape(http_url: str) -> dict[tuple[str, frozenset], float]:
     """Every sample of the gateway's /metrics, by name and labels."""

@@ -9,8 +9,6 @@ import httpx
 import openai
 import pytest
 
-from pagedserve.supervisor.service_process import gateway_stack
-
 MODEL = "pagedserve-embedded-llama"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now",
@@ -28,20 +26,6 @@ HISTORY = [*USER,
                              "arguments": '{"city": "Paris", "unit": "C"}'}}]},
            {"role": "tool", "tool_call_id": "call_1", "content": "20 C, sunny"}]
 GREEDY = dict(temperature=0, max_tokens=48)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with gateway_stack(tmp_path_factory.mktemp("cache")) as stack:
-        yield stack
-
-
-@pytest.fixture
-def client(stack) -> openai.OpenAI:
-    _, gateway = stack
-    with openai.OpenAI(base_url=f"{gateway.http_url}/v1", api_key="none", max_retries=0,
-                       timeout=60) as client:
-        yield client
 
 
 def streamed(client: openai.OpenAI, **request):

@@ -6,29 +6,13 @@ itself reports for the same position when it generates there."""
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import gateway_stack
 
 MODEL = "pagedserve-embedded-llama"
 PROMPT = "The quick brown fox jumps over"
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with gateway_stack(tmp_path_factory.mktemp("cache")) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="module")
-def client(stack) -> openai.OpenAI:
-    _, gateway = stack
-    with openai.OpenAI(base_url=f"{gateway.http_url}/v1", api_key="none", max_retries=0,
-                       timeout=60) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

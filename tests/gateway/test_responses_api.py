@@ -12,7 +12,6 @@ import pytest
 
 from gateway.openai_http.fields import Field, Handling
 from gateway.openai_http.responses_fields import RESPONSES_FIELDS, SHARED_WITH_CHAT
-from pagedserve.supervisor.service_process import gateway_stack
 from tests.support.allocator_wire import used_blocks
 from tests.support.polling import wait_for
 
@@ -23,20 +22,6 @@ OPENING = ["response.created", "response.in_progress", "response.output_item.add
            "response.content_part.added"]
 CLOSING = ["response.output_text.done", "response.content_part.done",
            "response.output_item.done"]
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with gateway_stack(tmp_path_factory.mktemp("cache")) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="module")
-def client(stack) -> openai.OpenAI:
-    _, gateway = stack
-    with openai.OpenAI(base_url=f"{gateway.http_url}/v1", api_key="unused", max_retries=0,
-                       timeout=60) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

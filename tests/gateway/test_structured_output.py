@@ -13,7 +13,6 @@ import pytest
 
 from pagedserve.gateway.v1 import gateway_pb2 as pb
 from pagedserve.gateway.v1 import gateway_pb2_grpc as pb_grpc
-from pagedserve.supervisor.service_process import gateway_stack
 
 MODEL = "pagedserve-embedded-llama"
 SAMPLED = dict(temperature=1.0, seed=11, max_tokens=300)
@@ -44,12 +43,6 @@ def check_city(value) -> None:
     assert len(value.get("districts", [])) <= 3
     assert value["mayor"] is None or (isinstance(value["mayor"], str)
                                       and len(value["mayor"]) <= 6)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with gateway_stack(tmp_path_factory.mktemp("cache")) as stack:
-        yield stack
 
 
 @pytest.fixture
