@@ -51,7 +51,7 @@ class LocalBlockAllocator:
         result = self.core.step(self.executor_id, self.epoch, self.last_step_id, ops)
         # The service's state store takes the core's KV events after each change; in process
         # nobody publishes them, and kept they would grow by a few per request forever.
-        self.core.events.drain()
+        self.core.events.take()
         return DoneStep(result)
 
     def heartbeat(self, num_waiting: int, num_running: int) -> None:

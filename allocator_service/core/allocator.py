@@ -10,10 +10,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from allocator_service.core.block_hash import HashFn, chain_hash
+from allocator_service.core.block_hash import HashFn, hash_packed
 from allocator_service.core.errors import StaleEpoch, StepIdReused, StepIdTooOld, UnknownExecutor
 from allocator_service.core.executor_pool import NO_GROWTH, ExecutorPool, PromptTooLarge
-from allocator_service.core.kv_events import KvEventLog, KvEventType, PoolEvents, PoolResetReason
+from allocator_service.core.kv_events import KvEventLog, PoolEvents, PoolResetReason
 from allocator_service.core.validation import validate_ops, validate_prompt, validate_registration
 from pagedserve.common.errors import AlreadyExists, NotFound
 from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, InvalidOp,
@@ -84,7 +84,7 @@ class PrefixMatch:
 class Allocator:
     def __init__(self, limits: Limits | None = None, lease_ttl_s: float = 10.0,
                  step_log_size: int = 64, clock: Callable[[], float] = time.monotonic,
-                 hash_fn: HashFn = chain_hash) -> None:
+                 hash_fn: HashFn = hash_packed) -> None:
         self.limits = limits or Limits()
         self.lease_ttl_s = lease_ttl_s
         self.step_log_size = step_log_size
@@ -125,8 +125,8 @@ class Allocator:
             model_fingerprint=model_fingerprint, pool=pool,
             lease_expires_at=self.clock() + self.lease_ttl_s)
         self.add_executor(executor)
-        self.events.emit(KvEventType.POOL_RESET, executor_id, reason=PoolResetReason.REGISTERED,
-                         num_blocks=pool.num_blocks, block_size=pool.block_size)
+        self.events.pool_reset(executor_id, PoolResetReason.REGISTERED, pool.num_blocks,
+                               pool.block_size)
         return executor
 
     def add_executor(self, executor: RegisteredExecutor) -> None:
@@ -169,8 +169,7 @@ class Allocator:
                 continue
             del self.executors[executor_id]
             executor.pool.discard()
-            self.events.emit(KvEventType.POOL_RESET, executor_id,
-                             reason=PoolResetReason.LEASE_EXPIRED)
+            self.events.pool_reset(executor_id, PoolResetReason.LEASE_EXPIRED)
             dropped.append(executor_id)
         return dropped
 
@@ -293,9 +292,8 @@ class Allocator:
         an event reader that lost events rebuilds each index from here. Changes no state."""
         for executor in self.sorted_executors():
             pool = executor.pool
-            self.events.emit(KvEventType.POOL_RESET, executor.executor_id,
-                             reason=PoolResetReason.RESYNC, num_blocks=pool.num_blocks,
-                             block_size=pool.block_size)
+            self.events.pool_reset(executor.executor_id, PoolResetReason.RESYNC,
+                                   pool.num_blocks, pool.block_size)
             for block in pool.blocks.hash_index.values():
                 pool.blocks.events.stored(block)  # type: ignore[union-attr]
 
@@ -304,10 +302,8 @@ class Allocator:
         dropped = 0
         for executor in self.sorted_executors(executor_id):
             dropped += executor.pool.reset_prefix_cache()
-            self.events.emit(KvEventType.POOL_RESET, executor.executor_id,
-                             reason=PoolResetReason.PREFIX_CACHE_RESET,
-                             num_blocks=executor.pool.num_blocks,
-                             block_size=executor.pool.block_size)
+            self.events.pool_reset(executor.executor_id, PoolResetReason.PREFIX_CACHE_RESET,
+                                   executor.pool.num_blocks, executor.pool.block_size)
         return dropped
 
 

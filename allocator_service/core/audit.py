@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from allocator_service.core.block_hash import TOKEN_BYTES, packed_slice
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.free_block_queue import FreeBlockQueue
 
@@ -64,12 +65,13 @@ def _audit_hash_index(where: str, pool: ExecutorPool) -> list[str]:
     size = pool.block_size
     for block_hash, block in pool.blocks.hash_index.items():
         label = f"{where}: hash {block_hash.hex()} -> block {block.block_id}"
-        if block.block_hash != block_hash or block.token_ids is None or block.parent_hash is None:
+        if block.block_hash != block_hash or block.tokens is None or block.parent_hash is None:
             violations.append(f"{label} does not carry that hash")
             continue
-        if len(block.token_ids) != size:
-            violations.append(f"{label} stores {len(block.token_ids)} tokens, not {size}")
-        if pool.blocks.hash_fn(block.parent_hash, block.token_ids) != block_hash:
+        if len(block.tokens) != size * TOKEN_BYTES:
+            violations.append(f"{label} stores {len(block.tokens) / TOKEN_BYTES:g} tokens, "
+                              f"not {size}")
+        if pool.blocks.hash_fn(block.parent_hash, block.tokens) != block_hash:
             violations.append(f"{label}: its stored tokens hash to something else")
     for block in pool.blocks.blocks:
         if block.block_hash is not None and pool.blocks.hash_index.get(block.block_hash) is not block:
@@ -77,10 +79,9 @@ def _audit_hash_index(where: str, pool: ExecutorPool) -> list[str]:
                               "not map to it")
     for seq in pool.sequences.values():
         for index, block in enumerate(seq.block_table):
-            if block.token_ids is None:
+            if block.tokens is None:
                 continue
-            held = tuple(seq.token_ids[index * size:(index + 1) * size])
-            if held != block.token_ids:
+            if packed_slice(seq.token_ids, index * size, (index + 1) * size) != block.tokens:
                 violations.append(f"{where}: sequence {seq.seq_id!r} holds cached block "
                                   f"{block.block_id} at position {index} with other tokens")
     return violations

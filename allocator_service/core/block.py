@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NewType
 
-from allocator_service.core.block_hash import BlockHash
+from allocator_service.core.block_hash import BlockHash, PackedTokens, unpack_tokens
 
 BlockId = NewType("BlockId", int)
 
@@ -24,9 +24,9 @@ class Block:
     block_hash: BlockHash | None = None
     # Hash of the previous block in the chain (the root hash for a first block).
     parent_hash: BlockHash | None = None
-    # The exact tokens the K/V was computed from; compared on every hit, so a hash collision
-    # can never serve K/V of other tokens.
-    token_ids: tuple[int, ...] | None = None
+    # The exact tokens the K/V was computed from (packed, block_hash.py); compared on every
+    # hit, so a hash collision can never serve K/V of other tokens.
+    tokens: PackedTokens | None = None
     # Identity of the prefix ending in this block, and of the prefix before it.
     node_id: int = 0
     parent_key: PrefixKey = ""
@@ -36,12 +36,17 @@ class Block:
     next_free: Block | None = field(default=None, repr=False)
 
     @property
+    def token_ids(self) -> tuple[int, ...] | None:
+        """The cached tokens as ints, for readers (snapshots, audits, tests)."""
+        return None if self.tokens is None else unpack_tokens(self.tokens)
+
+    @property
     def is_cached(self) -> bool:
         return self.block_hash is not None
 
     def forget_prefix(self) -> None:
         self.block_hash = None
         self.parent_hash = None
-        self.token_ids = None
+        self.tokens = None
         self.node_id = 0
         self.parent_key = ""

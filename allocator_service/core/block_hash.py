@@ -7,10 +7,16 @@
 The encoding is canonical (length-prefixed strings, tokens as little-endian uint32) and the hash
 is BLAKE2b-128, so every process computes the same value for the same prefix, today and after a
 restart; external routers that follow the KV events can recompute it.
+
+The pools keep a cached block's tokens in that encoding too (`PackedTokens`): one bytes object
+per block instead of a tuple of ints, cut from a sequence's int32 array without unboxing a token,
+hashed as it is, compared with one memcmp on a prefix hit, and never walked by the collector.
 """
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import NewType
@@ -18,8 +24,17 @@ from typing import NewType
 BlockHash = NewType("BlockHash", bytes)
 HASH_BYTES = 16
 
-# A hash function over (parent hash, the block's tokens); injectable so tests can force collisions.
-HashFn = Callable[[BlockHash, Sequence[int]], BlockHash]
+# A full block's token ids as the hash covers them: little-endian uint32, 4 bytes a token.
+PackedTokens = NewType("PackedTokens", bytes)
+TOKEN_BYTES = 4
+
+# A hash function over (parent hash, the block's packed tokens); injectable so tests can force
+# collisions.
+HashFn = Callable[[BlockHash, PackedTokens], BlockHash]
+
+# An int32 array's bytes are the canonical encoding on a little-endian machine (token ids are
+# validated non-negative before they reach a pool); a big-endian one swaps them first.
+_NATIVE_IS_CANONICAL = sys.byteorder == "little"
 
 
 def root_hash(model_fingerprint: str, cache_salt: str) -> BlockHash:
@@ -32,16 +47,27 @@ def root_hash(model_fingerprint: str, cache_salt: str) -> BlockHash:
     return BlockHash(digest.digest())
 
 
+def hash_packed(parent: BlockHash, tokens: PackedTokens) -> BlockHash:
+    """Hash of a full block given its parent's hash and its packed tokens (the pools' HashFn)."""
+    return BlockHash(blake2b(parent + tokens, digest_size=HASH_BYTES).digest())
+
+
 def chain_hash(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
     """Hash of a full block given its parent's hash; tokens must be non-negative int32 values."""
-    packer = _PACKERS.get(len(token_ids)) or _packer(len(token_ids))
-    return BlockHash(blake2b(parent + packer.pack(*token_ids), digest_size=HASH_BYTES).digest())
+    return hash_packed(parent, pack_tokens(token_ids))
 
 
-# One compiled format per block length (a pool hashes millions of blocks of one size).
-_PACKERS: dict[int, struct.Struct] = {}
+def pack_tokens(token_ids: Sequence[int]) -> PackedTokens:
+    return PackedTokens(struct.pack(f"<{len(token_ids)}I", *token_ids))
 
 
-def _packer(num_tokens: int) -> struct.Struct:
-    packer = _PACKERS[num_tokens] = struct.Struct(f"<{num_tokens}I")
-    return packer
+def unpack_tokens(tokens: PackedTokens) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(tokens) // TOKEN_BYTES}I", tokens)
+
+
+def packed_slice(token_ids: array, start: int, stop: int) -> PackedTokens:
+    """The packed tokens [start, stop) of an int32 array (a sequence's tokens)."""
+    part = token_ids[start:stop]
+    if not _NATIVE_IS_CANONICAL:
+        part.byteswap()
+    return PackedTokens(part.tobytes())

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from allocator_service.core.block import Block, BlockId, PrefixKey
-from allocator_service.core.block_hash import BlockHash, HashFn, chain_hash
+from allocator_service.core.block_hash import BlockHash, HashFn, PackedTokens, hash_packed
 from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.kv_events import PoolEvents
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, hash_fn: HashFn = chain_hash) -> None:
+    def __init__(self, num_blocks: int, block_size: int, hash_fn: HashFn = hash_packed) -> None:
         self.block_size = block_size
         self.hash_fn = hash_fn
         self.blocks = [Block(BlockId(i)) for i in range(num_blocks)]
@@ -72,15 +72,15 @@ class BlockPool:
                     self.free_queue.push_head(block)
 
     def lookup(self, block_hash: BlockHash, parent_key: PrefixKey,
-               token_ids: tuple[int, ...]) -> Block | None:
+               tokens: PackedTokens) -> Block | None:
         """The cached block holding exactly these tokens after exactly this prefix, if any."""
         block = self.hash_index.get(block_hash)
-        if block is None or block.parent_key != parent_key or block.token_ids != token_ids:
+        if block is None or block.parent_key != parent_key or block.tokens != tokens:
             return None
         return block
 
     def register(self, block: Block, block_hash: BlockHash, parent_hash: BlockHash,
-                 parent_key: PrefixKey, token_ids: tuple[int, ...]) -> int:
+                 parent_key: PrefixKey, tokens: PackedTokens) -> int:
         """Offers a full, computed block to the prefix cache; returns its prefix identity.
 
         If the same prefix is cached in another block already, that entry stays and its
@@ -92,7 +92,7 @@ class BlockPool:
         if existing is block:
             return block.node_id
         if existing is not None:
-            if existing.parent_key == parent_key and existing.token_ids == token_ids:
+            if existing.parent_key == parent_key and existing.tokens == tokens:
                 return existing.node_id
             if self._reachable(existing):
                 return self._new_node_id()
@@ -104,7 +104,7 @@ class BlockPool:
             existing.forget_prefix()
         block.block_hash = block_hash
         block.parent_hash = parent_hash
-        block.token_ids = token_ids
+        block.tokens = tokens
         block.parent_key = parent_key
         block.node_id = self._new_node_id()
         self.hash_index[block_hash] = block

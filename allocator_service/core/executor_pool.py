@@ -10,7 +10,8 @@ from array import array
 from collections.abc import Sequence as Seq
 
 from allocator_service.core.block import Block, PrefixKey
-from allocator_service.core.block_hash import BlockHash, HashFn, chain_hash, root_hash
+from allocator_service.core.block_hash import (BlockHash, HashFn, hash_packed, packed_slice,
+                                               root_hash)
 from allocator_service.core.block_pool import BlockPool
 from allocator_service.core.errors import SequenceExists, UnknownSequence
 from allocator_service.core.sequence import Sequence
@@ -32,7 +33,7 @@ NO_GROWTH = Growth([], [])
 
 class ExecutorPool:
     def __init__(self, num_blocks: int, block_size: int, model_fingerprint: str,
-                 hash_fn: HashFn = chain_hash) -> None:
+                 hash_fn: HashFn = hash_packed) -> None:
         self.block_size = block_size
         self.model_fingerprint = model_fingerprint
         self.blocks = BlockPool(num_blocks, block_size, hash_fn)
@@ -51,7 +52,7 @@ class ExecutorPool:
 
     # -- prefix lookup ---------------------------------------------------------------------
 
-    def _match_prefix(self, token_ids: Seq[int], cache_salt: str
+    def _match_prefix(self, token_ids: array[int], cache_salt: str
                       ) -> tuple[list[Block], BlockHash, PrefixKey]:
         """Cached blocks that hold the longest prefix of the prompt, and the chain after them.
 
@@ -64,7 +65,7 @@ class ExecutorPool:
         hits: list[Block] = []
         hash_fn, lookup = self.blocks.hash_fn, self.blocks.lookup
         for start in range(0, (len(token_ids) - 1) // size * size, size):
-            block_tokens = tuple(token_ids[start:start + size])
+            block_tokens = packed_slice(token_ids, start, start + size)
             block_hash = hash_fn(chain_hash_, block_tokens)
             block = lookup(block_hash, chain_key, block_tokens)
             if block is None:
@@ -75,7 +76,7 @@ class ExecutorPool:
 
     def num_cached_prefix_tokens(self, token_ids: Seq[int], cache_salt: str) -> int:
         """Prompt tokens an Allocate would find cached right now (no state changes)."""
-        return len(self._match_prefix(token_ids, cache_salt)[0]) * self.block_size
+        return len(self._match_prefix(array("i", token_ids), cache_salt)[0]) * self.block_size
 
     # -- allocate ----------------------------------------------------------------------------
 
@@ -92,7 +93,7 @@ class ExecutorPool:
 
     def can_allocate(self, token_ids: Seq[int], cache_salt: str = "",
                      lookahead_slots: int = 0) -> bool:
-        hits, _, _ = self._match_prefix(token_ids, cache_salt)
+        hits, _, _ = self._match_prefix(array("i", token_ids), cache_salt)
         return self._allocation_cost(token_ids, lookahead_slots, hits)[1] <= self.num_free_blocks
 
     def allocate(self, seq_id: SeqId, token_ids: Seq[int], cache_salt: str = "",
@@ -103,7 +104,8 @@ class ExecutorPool:
         """
         if seq_id in self.sequences:
             raise SequenceExists(seq_id)
-        hits, chain_hash_, chain_key = self._match_prefix(token_ids, cache_salt)
+        tokens = array("i", token_ids)
+        hits, chain_hash_, chain_key = self._match_prefix(tokens, cache_salt)
         new, consumed = self._allocation_cost(token_ids, lookahead_slots, hits)
         if consumed > self.num_free_blocks:
             return None
@@ -113,7 +115,7 @@ class ExecutorPool:
         num_cached = len(hits) * self.block_size
         self.sequences[seq_id] = Sequence(
             seq_id=seq_id, cache_salt=cache_salt, block_table=table,
-            token_ids=array("i", token_ids), num_cached_tokens=num_cached,
+            token_ids=tokens, num_cached_tokens=num_cached,
             num_computed_tokens=num_cached, num_hashed_blocks=len(hits), chain_hash=chain_hash_,
             chain_key=chain_key)
         self.prefix_query_tokens += len(token_ids)
@@ -191,7 +193,7 @@ class ExecutorPool:
         hash_fn = self.blocks.hash_fn
         while seq.num_hashed_blocks < seq.num_computed_tokens // size:
             start = seq.num_hashed_blocks * size
-            block_tokens = tuple(seq.token_ids[start:start + size])
+            block_tokens = packed_slice(seq.token_ids, start, start + size)
             block_hash = hash_fn(seq.chain_hash, block_tokens)
             seq.chain_key = self.blocks.register(
                 seq.block_table[seq.num_hashed_blocks], block_hash, seq.chain_hash,

@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from allocator_service.core.block import Block
+from allocator_service.core.block_hash import PackedTokens, pack_tokens, unpack_tokens
 
 
 class KvEventType(enum.IntEnum):
@@ -37,10 +38,10 @@ class PoolResetReason(enum.StrEnum):
     RESYNC = "resync"
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__, and an event is
-# made for every block that enters or leaves a prefix cache (the allocator's hottest path).
+# Not frozen: a frozen dataclass sets each field through object.__setattr__.
 @dataclass(slots=True)
 class KvEvent:
+    """An event as readers see it (the admin stream, the Redis stream, tests)."""
     seq: int
     type: KvEventType
     executor_id: str
@@ -54,20 +55,30 @@ class KvEvent:
     block_size: int = 0
 
 
-# An event as an exact tuple of plain values, for keeping many of them: the collector stops
-# scanning such a tuple after one pass, where it walks every dataclass instance on every full
-# collection (a store keeping the last 100,000 events made each Step pay for that).
-PackedEvent = tuple[int, int, str, int, bytes, bytes, tuple[int, ...], str, int, int]
+# An event as the core makes it and the stores keep it: a tuple of plain values, the tokens
+# packed (block_hash.py). A block enters and leaves a prefix cache on the allocator's hottest
+# path, and such a tuple costs a fraction of an event object; the collector also stops
+# scanning it after one pass, where it would walk every event object a store's ring keeps.
+#   (seq, type, executor_id, block_id, block_hash, parent_hash, tokens, reason, num_blocks,
+#    block_size)
+PackedEvent = tuple[int, int, str, int, bytes, bytes, bytes, str, int, int]
+
+_STORED = int(KvEventType.BLOCK_STORED)
+_REMOVED = int(KvEventType.BLOCK_REMOVED)
+_RESET = int(KvEventType.POOL_RESET)
 
 
 def pack(event: KvEvent) -> PackedEvent:
     return (event.seq, int(event.type), event.executor_id, event.block_id, event.block_hash,
-            event.parent_hash, event.token_ids, event.reason, event.num_blocks, event.block_size)
+            event.parent_hash, pack_tokens(event.token_ids), event.reason, event.num_blocks,
+            event.block_size)
 
 
 def unpack(packed: PackedEvent) -> KvEvent:
-    seq, type_, *fields = packed
-    return KvEvent(seq, KvEventType(type_), *fields)  # type: ignore[arg-type]
+    seq, type_, executor_id, block_id, block_hash, parent_hash, tokens, reason, num_blocks, \
+        block_size = packed
+    return KvEvent(seq, KvEventType(type_), executor_id, block_id, block_hash, parent_hash,
+                   unpack_tokens(PackedTokens(tokens)), reason, num_blocks, block_size)
 
 
 class KvEventLog:
@@ -75,19 +86,26 @@ class KvEventLog:
 
     def __init__(self, last_seq: int = 0) -> None:
         self.last_seq = last_seq
-        self.pending: list[KvEvent] = []
+        self.pending: list[PackedEvent] = []
 
-    def emit(self, type_: KvEventType, executor_id: str, **fields: object) -> None:
-        self.pending.append(KvEvent(self.next_seq(), type_, executor_id, **fields))  # type: ignore[arg-type]
+    def pool_reset(self, executor_id: str, reason: str, num_blocks: int = 0,
+                   block_size: int = 0) -> None:
+        self.pending.append((self.next_seq(), _RESET, executor_id, 0, b"", b"", b"", reason,
+                             num_blocks, block_size))
 
     def next_seq(self) -> int:
-        """Numbers the event about to be added (positional construction: the hot path)."""
+        """Numbers the event about to be added."""
         self.last_seq += 1
         return self.last_seq
 
-    def drain(self) -> list[KvEvent]:
+    def take(self) -> list[PackedEvent]:
+        """The pending events, packed, for the store."""
         events, self.pending = self.pending, []
         return events
+
+    def drain(self) -> list[KvEvent]:
+        """The pending events as objects (for readers that look at them one by one)."""
+        return [unpack(event) for event in self.take()]
 
 
 class PoolEvents:
@@ -100,12 +118,12 @@ class PoolEvents:
         self.executor_id = executor_id
 
     def stored(self, block: Block) -> None:
-        assert block.block_hash is not None and block.token_ids is not None
-        self.log.pending.append(KvEvent(
-            self.log.next_seq(), KvEventType.BLOCK_STORED, self.executor_id, block.block_id,
-            block.block_hash, block.parent_hash or b"", block.token_ids))
+        assert block.block_hash is not None and block.tokens is not None
+        self.log.pending.append((self.log.next_seq(), _STORED, self.executor_id, block.block_id,
+                                 block.block_hash, block.parent_hash or b"", block.tokens, "",
+                                 0, 0))
 
     def removed(self, block: Block) -> None:
         assert block.block_hash is not None
-        self.log.pending.append(KvEvent(self.log.next_seq(), KvEventType.BLOCK_REMOVED,
-                                        self.executor_id, block.block_id, block.block_hash))
+        self.log.pending.append((self.log.next_seq(), _REMOVED, self.executor_id, block.block_id,
+                                 block.block_hash, b"", b"", "", 0, 0))

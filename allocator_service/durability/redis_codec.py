@@ -19,7 +19,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from allocator_service.core.kv_events import KvEvent, KvEventType
+from allocator_service.core.block_hash import PackedTokens, unpack_tokens
+from allocator_service.core.kv_events import KvEvent, KvEventType, PackedEvent
 from allocator_service.durability.commands import Command
 
 DEFAULT_NAMESPACE = "pagedserve:allocator"
@@ -93,24 +94,25 @@ EVENT_TYPE_TEXT = {type_: name.decode() for type_, name in EVENT_TYPE_NAMES.item
 EVENT_TYPES_BY_TEXT = {name: type_ for type_, name in EVENT_TYPE_TEXT.items()}
 
 
-def events_fields(events: list[KvEvent]) -> dict[bytes, bytes | int]:
+def events_fields(events: list[PackedEvent]) -> dict[bytes, bytes | int]:
     """The fields of the entry that holds `events` (consecutive, at least one)."""
     return {b"count": len(events),
             b"events": json.dumps([_event_object(event) for event in events],
                                   separators=(",", ":")).encode()}
 
 
-def _event_object(event: KvEvent) -> dict[str, Any]:
-    type_ = EVENT_TYPE_TEXT[event.type]
-    if event.type == KvEventType.POOL_RESET:
-        return {"type": type_, "executor": event.executor_id, "reason": event.reason,
-                "num_blocks": event.num_blocks, "block_size": event.block_size}
-    if event.type == KvEventType.BLOCK_STORED:
-        return {"type": type_, "executor": event.executor_id, "block": event.block_id,
-                "hash": event.block_hash.hex(), "parent": event.parent_hash.hex(),
-                "tokens": event.token_ids}
-    return {"type": type_, "executor": event.executor_id, "block": event.block_id,
-            "hash": event.block_hash.hex()}
+def _event_object(event: PackedEvent) -> dict[str, Any]:
+    _, type_, executor_id, block_id, block_hash, parent_hash, tokens, reason, num_blocks, \
+        block_size = event
+    name = EVENT_TYPE_TEXT[type_]
+    if type_ == KvEventType.POOL_RESET:
+        return {"type": name, "executor": executor_id, "reason": reason,
+                "num_blocks": num_blocks, "block_size": block_size}
+    if type_ == KvEventType.BLOCK_STORED:
+        return {"type": name, "executor": executor_id, "block": block_id,
+                "hash": block_hash.hex(), "parent": parent_hash.hex(),
+                "tokens": unpack_tokens(PackedTokens(tokens))}
+    return {"type": name, "executor": executor_id, "block": block_id, "hash": block_hash.hex()}
 
 
 def entry_last_seq(entry_id_: bytes, fields: dict[bytes, bytes]) -> int:

@@ -37,7 +37,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.kv_events import KvEvent
+from allocator_service.core.kv_events import KvEvent, PackedEvent
 from allocator_service.durability import commands, redis_codec, snapshot
 from allocator_service.durability.commands import Command
 from allocator_service.durability.state_store import StateStore, StoreUnreachable
@@ -54,7 +54,7 @@ REPLAY_BATCH = 1000
 class _Pending:
     seq: int
     command: Command
-    events: list[KvEvent]
+    events: list[PackedEvent]
 
 
 class StoreConflict(RuntimeError):
@@ -138,7 +138,7 @@ class RedisStore(StateStore):
                         f"journal jumps from {seq} to {entry_id.decode()}: entries are missing")
                 commands.apply(core, redis_codec.command_from_fields(fields))
                 seq += 1
-            core.events.drain()  # published when they happened
+            core.events.take()  # published when they happened
             if len(entries) < REPLAY_BATCH:
                 break
         self.applied_seq = self.durable_seq = seq
@@ -165,7 +165,7 @@ class RedisStore(StateStore):
                 f"({self._down_reason}, {time.monotonic() - self._down_since:.0f}s ago); "
                 "changes are refused until it is back, retry later")
 
-    def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
+    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
         assert self.available and self.pending is None, "commit() while refusing"
         seq = self.applied_seq = self.applied_seq + 1
         try:
@@ -188,21 +188,21 @@ class RedisStore(StateStore):
             except queue.Full:  # the writer is far behind; the next interval tries again
                 pass
 
-    def _write(self, seq: int, command: Command, events: list[KvEvent]) -> None:
+    def _write(self, seq: int, command: Command, events: list[PackedEvent]) -> None:
         pipe = self.client.pipeline(transaction=True)
         pipe.xadd(self.keys.journal, redis_codec.command_fields(command),  # type: ignore[arg-type]
                   id=redis_codec.entry_id(seq))
         self._add_events(pipe, events)
         pipe.execute()
 
-    def _add_events(self, pipe: Any, events: list[KvEvent]) -> None:
+    def _add_events(self, pipe: Any, events: list[PackedEvent]) -> None:
         """All of a command's events in one entry; entries whose events are all older than the
         last --events-max are trimmed (approximately: Redis trims whole nodes)."""
         if not events:
             return
         pipe.xadd(self.keys.events, redis_codec.events_fields(events),  # type: ignore[arg-type]
-                  id=redis_codec.entry_id(events[0].seq),
-                  minid=redis_codec.entry_id(max(1, events[-1].seq - self.events_max + 1)),
+                  id=redis_codec.entry_id(events[0][0]),
+                  minid=redis_codec.entry_id(max(1, events[-1][0] - self.events_max + 1)),
                   approximate=True)
 
     # -- outages -------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ class RedisStore(StateStore):
         with self._snapshot_lock:
             pipe = self.client.pipeline(transaction=True)
             self._add_snapshot(pipe, self.applied_seq, snapshot.capture(core))
-            self._add_events(pipe, core.events.drain())
+            self._add_events(pipe, core.events.take())
             pipe.execute()
             self.snapshot_seq = self.applied_seq
 

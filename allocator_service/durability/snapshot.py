@@ -17,6 +17,7 @@ from typing import Any
 
 from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
 from allocator_service.core.block import Block, BlockId
+from allocator_service.core.block_hash import pack_tokens
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.sequence import Sequence
@@ -143,7 +144,7 @@ def _restore_pool(data: Json, core: Allocator) -> ExecutorPool:
         block.ref_count = item[1]
         if len(item) > 2:
             block.block_hash, block.parent_hash = bytes.fromhex(item[2]), bytes.fromhex(item[3])
-            block.token_ids, block.node_id, block.parent_key = tuple(item[4]), item[5], item[6]
+            block.tokens, block.node_id, block.parent_key = pack_tokens(item[4]), item[5], item[6]
             blocks.hash_index[block.block_hash] = block
     # The constructor linked every block; relink only the free ones, in their saved order.
     for block in by_id:

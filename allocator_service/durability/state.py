@@ -52,12 +52,12 @@ class AllocatorState:
                 if self.core.events.pending:
                     log.error("a change raised after emitting %d KV events; they are dropped",
                               len(self.core.events.pending))
-                    self.core.events.drain()
+                    self.core.events.take()
 
     def commit(self, command: Command) -> None:
         """Journals the change just made (call inside `writing()`)."""
         assert self.lock.locked()
-        self.store.commit(self.core, command, self.core.events.drain())
+        self.store.commit(self.core, command, self.core.events.take())
 
     def reclaim_expired(self) -> list[str]:
         """Reclaims pools whose lease lapsed, durably; nothing while the store is away."""

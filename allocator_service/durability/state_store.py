@@ -11,7 +11,7 @@ import collections
 import threading
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.kv_events import KvEvent, PackedEvent, pack, unpack
+from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
 from allocator_service.durability.commands import Command
 
 
@@ -35,7 +35,7 @@ class StateStore:
         """Fills an empty core with the stored state (nothing to load in memory). Raises
         StoreUnreachable while the store does not answer; anything else is fatal."""
 
-    def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
+    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
         """Makes one applied command durable, with its events, before its reply goes out.
         Raises Unavailable when it cannot; the store then refuses commits until `reconcile`."""
         raise NotImplementedError
@@ -68,14 +68,14 @@ class MemoryStore(StateStore):
     """No durability: state lives and dies with the process. Keeps the last events for readers."""
 
     def __init__(self, max_events: int = 100_000) -> None:
-        # Packed: a ring of event objects would be walked by every full garbage collection.
+        # Packed as the core makes them (kv_events.py): unpacked only for a reader.
         self._events: collections.deque[PackedEvent] = collections.deque(maxlen=max_events)
         self._new_events = threading.Condition()
 
-    def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
+    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
         if events:
             with self._new_events:
-                self._events.extend(map(pack, events))
+                self._events.extend(events)
                 self._new_events.notify_all()
 
     def read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:

@@ -65,7 +65,7 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
                 registration.block_size, registration.model_fingerprint).epoch
             plays.append([(step_body(executor_id, epoch, step_id, recorded.ops), recorded.reply)
                           for step_id, recorded in enumerate(stream.steps, start=1)])
-    core.events.drain()
+    core.events.take()
     longest = max(len(steps) for steps in plays)
     arrivals = [steps[i] for i in range(longest) for steps in plays if i < len(steps)]
     gc.collect()
@@ -85,7 +85,7 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
             digested = clock()
             result = core.step(request.executor_id, request.epoch, request.step_id, ops, digest)
             stepped = clock()
-            store.commit(core, commands.step(body), core.events.drain())
+            store.commit(core, commands.step(body), core.events.take())
             committed = clock()
             answer = step_result_to_proto(result).SerializeToString()
             encoded = clock()

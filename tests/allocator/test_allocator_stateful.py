@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from allocator_service.core.allocator import Allocator, StepResult
 from allocator_service.core.audit import audit_pool
-from allocator_service.core.block_hash import BlockHash, chain_hash
+from allocator_service.core.block_hash import BlockHash, hash_packed
 from allocator_service.core.errors import StaleEpoch, StepIdReused, StepIdTooOld
 from allocator_service.core.executor_pool import ExecutorPool, blocks_for
 from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
@@ -49,7 +49,7 @@ class FakeClock:
         return self.now
 
 
-def weak_hash(parent: BlockHash, tokens) -> BlockHash:
+def weak_hash(parent: BlockHash, tokens: bytes) -> BlockHash:
     """Two possible values: most blocks collide, after the same prefix or another one."""
     return BlockHash(bytes([(parent[0] + sum(tokens)) % 2]) * 16)
 
@@ -79,7 +79,7 @@ class ExecutorModel:
 
 
 class AllocatorMachine(RuleBasedStateMachine):
-    hash_fn = staticmethod(chain_hash)
+    hash_fn = staticmethod(hash_packed)
 
     def __init__(self) -> None:
         super().__init__()

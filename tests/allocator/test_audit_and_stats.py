@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from allocator_service.core.audit import audit_pool
+from allocator_service.core.block_hash import pack_tokens
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.inspection import BlockState, block_views, pool_stats
 from pagedserve.protocol.block_ops import Allocation
@@ -77,7 +78,7 @@ def test_audit_detects_used_block_with_zero_ref_count():
 def test_audit_detects_cached_tokens_changed_by_hand():
     pool = _stats_scenario()
     block = pool.blocks.blocks[4]
-    block.token_ids = (100, 101, 102, 999)
+    block.tokens = pack_tokens((100, 101, 102, 999))
     assert audit_pool("e", pool) == [
         f"pool 'e': hash {block.block_hash.hex()} -> block 4: its stored tokens hash to "
         "something else"]

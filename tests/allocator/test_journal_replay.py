@@ -13,7 +13,7 @@ import pytest
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
 from allocator_service.core.errors import StaleEpoch, StepIdReused, UnknownExecutor
-from allocator_service.core.kv_events import KvEvent
+from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
 from allocator_service.durability import commands, snapshot
 from allocator_service.durability.commands import Command, CorruptJournal
 from allocator_service.durability.state import AllocatorState
@@ -43,8 +43,8 @@ class RecordingStore(MemoryStore):
         super().__init__()
         self.commits: list[tuple[Command, list[KvEvent]]] = []
 
-    def commit(self, core: Allocator, command: Command, events: list[KvEvent]) -> None:
-        self.commits.append((command, list(events)))
+    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
+        self.commits.append((command, [unpack(event) for event in events]))
         super().commit(core, command, events)
 
     @property

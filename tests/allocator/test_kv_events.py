@@ -16,8 +16,8 @@ from hypothesis import settings
 from hypothesis.stateful import invariant
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.block_hash import chain_hash, root_hash
-from allocator_service.core.kv_events import KvEvent, KvEventType, PoolResetReason
+from allocator_service.core.block_hash import chain_hash, pack_tokens, root_hash
+from allocator_service.core.kv_events import KvEvent, KvEventType, PoolResetReason, pack
 from allocator_service.durability import commands
 from allocator_service.durability.commands import Command
 from allocator_service.durability.state import AllocatorState
@@ -212,9 +212,9 @@ def test_an_unreachable_entry_replaced_on_a_collision_is_removed_then_stored():
     """With a hash that ignores the chain, a block of 2 2 2 2 collides with any other one."""
     core = new_core(hash_fn=parent_blind_hash)
     core.events.drain()
-    h5 = parent_blind_hash(ROOT, (5, 5, 5, 5))
-    h2 = parent_blind_hash(ROOT, (2, 2, 2, 2))
-    h7 = parent_blind_hash(ROOT, (7, 7, 7, 7))
+    h5 = parent_blind_hash(ROOT, pack_tokens((5, 5, 5, 5)))
+    h2 = parent_blind_hash(ROOT, pack_tokens((2, 2, 2, 2)))
+    h7 = parent_blind_hash(ROOT, pack_tokens((7, 7, 7, 7)))
     step(core, "e", AllocateOp("s1", (5, 5, 5, 5, 2, 2, 2, 2, 0)),
          AppendOp("s1", num_computed_tokens=4))
     core.reset_prefix_cache()
@@ -274,7 +274,7 @@ class EventMirrorMixin:
             elif event.type is STORED:
                 # The hash is recomputable from the event, and its parent is a root or a hash
                 # this pool stored before (a router can follow the chain).
-                assert self.hash_fn(event.parent_hash, event.token_ids) == event.block_hash
+                assert self.hash_fn(event.parent_hash, pack_tokens(event.token_ids)) == event.block_hash
                 known = self.stored_since_registration[event.executor_id]
                 roots = {root_hash("model", salt) for salt in ("", "tenant")}
                 assert event.parent_hash in roots | known
@@ -303,7 +303,7 @@ TestEventStreamRebuildsEveryIndexWithCollidingHash.settings = MIRROR_SETTINGS
 
 def commit_events(store: MemoryStore, first: int, last: int) -> None:
     store.commit(Allocator(), Command("step", b""),
-                 [KvEvent(seq, STORED, "e", block_id=seq) for seq in range(first, last + 1)])
+                 [pack(KvEvent(seq, STORED, "e", block_id=seq)) for seq in range(first, last + 1)])
 
 
 def seqs(events: list[KvEvent]) -> list[int]:

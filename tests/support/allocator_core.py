@@ -6,11 +6,10 @@ at the tail, a sequence's first block last (so it is evicted last).
 """
 from __future__ import annotations
 
-import struct
 from hashlib import blake2b
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.block_hash import BlockHash, chain_hash
+from allocator_service.core.block_hash import BlockHash, hash_packed
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.inspection import block_views
 
@@ -21,7 +20,7 @@ A9 = list(range(9))           # 2 full blocks + 1 token
 A10 = list(range(10))         # 2 full blocks + 2 tokens
 
 
-def new_pool(hash_fn=chain_hash, fingerprint: str = "m") -> ExecutorPool:
+def new_pool(hash_fn=hash_packed, fingerprint: str = "m") -> ExecutorPool:
     return ExecutorPool(NUM_BLOCKS, BLOCK_SIZE, fingerprint, hash_fn)
 
 
@@ -73,14 +72,14 @@ def step(core: Allocator, executor_id: str, *ops):
                      step_digest_of(executor_id, executor.epoch, step_id, ops))
 
 
-def weak_hash(parent: BlockHash, tokens) -> BlockHash:
+def weak_hash(parent: BlockHash, tokens: bytes) -> BlockHash:
     """Two possible values: most blocks collide, after the same prefix or another one."""
     return BlockHash(bytes([(parent[0] + sum(tokens)) % 2]) * 16)
 
 
-def parent_blind_hash(parent: BlockHash, tokens) -> BlockHash:
+def parent_blind_hash(parent: BlockHash, tokens: bytes) -> BlockHash:
     """Ignores the chain: equal blocks after different prefixes collide."""
-    return BlockHash(blake2b(struct.pack(f"<{len(tokens)}I", *tokens), digest_size=16).digest())
+    return BlockHash(blake2b(tokens, digest_size=16).digest())
 
 
 def core_state(core: Allocator) -> dict:

@@ -11,7 +11,6 @@ from hashlib import sha256
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
-from allocator_service.core.kv_events import pack
 from allocator_service.durability import snapshot
 from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp, FreeOp
 
@@ -63,7 +62,7 @@ def trace(seed: int, num_steps: int = 400) -> dict[str, object]:
             again = core.step(eid, executors[eid], step_id, ops, digest)
             answers.append([again.replayed, again.num_free_blocks])
     return {"answers": answers,
-            "events": [list(pack(event)) for event in core.events.drain()],
+            "events": [list(event) for event in core.events.take()],
             "snapshot": snapshot.capture(core),
             "audit": {eid: audit_pool(eid, core.executors[eid].pool) for eid in executors}}
 
