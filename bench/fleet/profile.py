@@ -12,7 +12,7 @@ interleaved as they arrive at a server, and times each stage apart:
     encode     step_result_to_proto and its serialization
 
 It runs the streams twice on fresh allocators, the cyclic garbage collector off and then on
-(pools frozen after registration, as the server does); the difference is what collection costs.
+(pools frozen after registration and collections as rare as the server makes them); the difference is what collection costs.
 What a replay measures beyond the sum is gRPC's own work per call. Every answer is compared with
 the recorded one. Prints a table; writes nothing.
 
@@ -32,6 +32,7 @@ from pathlib import Path
 from allocator_service.core.allocator import Allocator
 from allocator_service.durability import commands
 from allocator_service.durability.state_store import MemoryStore
+from allocator_service.server.heap import collect_less_often
 from bench.fleet.capacity import Timing, record
 from bench.fleet.step_stream import StepStream, step_body
 from pagedserve.allocator.v1 import allocator_pb2 as pb
@@ -70,6 +71,8 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
     arrivals = [steps[i] for i in range(longest) for steps in plays if i < len(steps)]
     gc.collect()
     gc.freeze()
+    thresholds = gc.get_threshold()
+    collect_less_often()  # as the server does
     if not collect:
         gc.disable()
     times = StageTimes()
@@ -101,6 +104,7 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
     finally:
         gc.enable()
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
     return times
 
 
