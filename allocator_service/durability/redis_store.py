@@ -25,6 +25,7 @@ appending after a gap.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -85,6 +86,10 @@ class RedisStore(StateStore):
         self.snapshot_seq = 0  # last snapshot written
         self._captured_seq = 0  # last snapshot captured (written, or on its way)
         self.pending: _Pending | None = None
+        # The connection commits go through (see _write), taken from the client's pool.
+        self._commit_connection: Any = None
+        # Ids of the events entries written since the one holding the oldest event kept.
+        self._entry_ids: collections.deque[int] = collections.deque()
         self.loaded = False
         self.available = False
         self._down_reason = "state not loaded yet"
@@ -189,21 +194,45 @@ class RedisStore(StateStore):
                 pass
 
     def _write(self, seq: int, command: Command, events: list[PackedEvent]) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xadd(self.keys.journal, redis_codec.command_fields(command),  # type: ignore[arg-type]
-                  id=redis_codec.entry_id(seq))
-        self._add_events(pipe, events)
-        pipe.execute()
+        """MULTI, the journal's XADD, the events' XADD, EXEC: sent as one write on a connection
+        kept for commits, the replies read here. redis-py's pipeline does the same with more
+        bookkeeping per command than the commands cost (about 60 µs of client CPU per commit
+        against 36 µs). Any failure drops the connection, unread replies with it; the next
+        commit connects afresh (and checks the server's run_id, as every connection does)."""
+        transaction: list[tuple[Any, ...]] = [
+            ("MULTI",), redis_codec.journal_xadd(self.keys, seq, command)]
+        if events:
+            transaction.append(redis_codec.events_xadd(self.keys, events,
+                                                       self._trim_below(events)))
+        transaction.append(("EXEC",))
+        connection = self._commit_connection
+        if connection is None:
+            connection = self._commit_connection = self.client.connection_pool.get_connection()
+        try:
+            connection.send_packed_command(connection.pack_commands(transaction),
+                                           check_health=False)
+            replies = [connection.read_response() for _ in transaction]
+        except BaseException:
+            connection.disconnect()
+            raise
+        executed = replies[-1]
+        if executed is None:
+            raise redis.ResponseError("the commit's transaction was aborted")
+        for reply in executed:
+            if isinstance(reply, Exception):
+                raise reply
 
-    def _add_events(self, pipe: Any, events: list[PackedEvent]) -> None:
-        """All of a command's events in one entry; entries whose events are all older than the
-        last --events-max are trimmed (approximately: Redis trims whole nodes)."""
-        if not events:
-            return
-        pipe.xadd(self.keys.events, redis_codec.events_fields(events),  # type: ignore[arg-type]
-                  id=redis_codec.entry_id(events[0][0]),
-                  minid=redis_codec.entry_id(max(1, events[-1][0] - self.events_max + 1)),
-                  approximate=True)
+    def _trim_below(self, events: list[PackedEvent]) -> int | None:
+        """Where the events stream may be trimmed once the entry of `events` is added: below
+        the entry that holds the oldest of the newest --events-max events. An entry's id is
+        its first event's number, so that entry is found among the ids this process wrote;
+        None (no trim) until it has written that far back."""
+        entries = self._entry_ids
+        entries.append(events[0][0])
+        oldest_kept = events[-1][0] - self.events_max + 1
+        while len(entries) > 1 and entries[1] <= oldest_kept:
+            entries.popleft()
+        return entries[0] if entries[0] <= oldest_kept else None
 
     # -- outages -------------------------------------------------------------------------------
 
@@ -273,7 +302,10 @@ class RedisStore(StateStore):
         with self._snapshot_lock:
             pipe = self.client.pipeline(transaction=True)
             self._add_snapshot(pipe, self.applied_seq, snapshot.capture(core))
-            self._add_events(pipe, core.events.take())
+            events = core.events.take()
+            if events:
+                pipe.execute_command(*redis_codec.events_xadd(self.keys, events,
+                                                              self._trim_below(events)))
             pipe.execute()
             self.snapshot_seq = self.applied_seq
 
@@ -346,6 +378,8 @@ class RedisStore(StateStore):
         if self._snapshot_writer.is_alive():
             self._snapshots.put(None)
             self._snapshot_writer.join(timeout=10)
+        if self._commit_connection is not None:
+            self._commit_connection.disconnect()
         self.client.close()
         self._prober.close()
 

@@ -4,6 +4,7 @@ states before and after a crash compare with ==."""
 from __future__ import annotations
 
 import json
+import struct
 
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -180,7 +181,7 @@ def rpc_events(admin: pb_grpc.AllocatorAdminStub, from_seq: int = 0) -> list[pb.
 
 EVENT_TYPES = {"BlockStored": STORED, "BlockRemoved": REMOVED, "PoolReset": POOL_RESET}
 EVENT_FIELDS = {
-    STORED: {"type", "executor", "block", "hash", "parent", "tokens"},
+    STORED: {"type", "executor", "block", "hash", "parent", "packed_tokens"},
     REMOVED: {"type", "executor", "block", "hash"},
     POOL_RESET: {"type", "executor", "reason", "num_blocks", "block_size"},
 }
@@ -209,7 +210,8 @@ def redis_events(client: redis.Redis, namespace: str = NAMESPACE) -> list[pb.KvE
                 event.block_hash = bytes.fromhex(item["hash"])
             if kind == STORED:
                 event.parent_block_hash = bytes.fromhex(item["parent"])
-                event.token_ids.extend(item["tokens"])
+                packed = bytes.fromhex(item["packed_tokens"])  # little-endian uint32 ids
+                event.token_ids.extend(struct.unpack(f"<{len(packed) // 4}I", packed))
             events.append(event)
     return events
 
