@@ -36,6 +36,7 @@ class RecordedStep:
         # serialized request), or else the list of ops itself, compared with ==.
         self.identity = identity
         self._packed = (result.num_free_blocks, tuple(
+            _PACKED_OK if r is OK else
             (int(r.status), r.message, tuple(r.block_table), r.num_cached_tokens,
              tuple(r.new_blocks), tuple(r.copies)) for r in result.results))
 
@@ -52,6 +53,10 @@ class RecordedStep:
                                     list(copies))
                            for status, message, table, cached, new, copies in results],
                           num_free_blocks)
+
+
+# The shared OK result (most decode appends), packed once.
+_PACKED_OK = (int(OpStatus.OK), "", (), 0, (), ())
 
 
 @dataclass(slots=True)

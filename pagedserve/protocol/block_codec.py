@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
-                                           OpResult, OpStatus, SeqId, StepResult)
+                                           OpResult, OpStatus, StepResult)
 
 
 def op_to_proto(op: BlockOp) -> pb.BlockOp:
@@ -33,19 +33,20 @@ def ops_from_proto(ops: Iterable[pb.BlockOp]) -> list[BlockOp]:
     add = converted.append
     for index, op in enumerate(ops):
         # Appends first: nearly every op of a Step is one. HasField is cheaper than WhichOneof,
-        # and a slice of the repeated field is the cheapest copy of its tokens.
+        # and a slice of the repeated field is the cheapest copy of its tokens (a list, kept as
+        # it is). Ids go in as the strings they are: SeqId() is a call per op that does nothing.
         if op.HasField("append"):
             o = op.append
-            add(AppendOp(SeqId(o.seq_id), tuple(o.token_ids[:]), o.lookahead_slots,
+            add(AppendOp(o.seq_id, o.token_ids[:], o.lookahead_slots,  # type: ignore[arg-type]
                          o.num_computed_tokens))
         elif op.HasField("allocate"):
             o = op.allocate
-            add(AllocateOp(SeqId(o.seq_id), tuple(o.token_ids[:]), o.cache_salt,
+            add(AllocateOp(o.seq_id, o.token_ids[:], o.cache_salt,  # type: ignore[arg-type]
                            o.lookahead_slots))
         elif op.HasField("fork"):
-            add(ForkOp(SeqId(op.fork.parent_seq_id), SeqId(op.fork.child_seq_id)))
+            add(ForkOp(op.fork.parent_seq_id, op.fork.child_seq_id))  # type: ignore[arg-type]
         elif op.HasField("free"):
-            add(FreeOp(SeqId(op.free.seq_id)))
+            add(FreeOp(op.free.seq_id))  # type: ignore[arg-type]
         else:
             raise InvalidOp(
                 f"ops[{index}] sets no kind: set one of allocate, append, fork, free")

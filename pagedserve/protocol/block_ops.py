@@ -7,6 +7,7 @@ hundreds of these. Nothing mutates them after construction.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -19,7 +20,8 @@ SeqId = NewType("SeqId", str)
 @dataclass(slots=True)
 class AllocateOp:
     seq_id: SeqId
-    token_ids: tuple[int, ...]
+    # Any sequence of ints: the allocator's decoder hands over the list protobuf gives it.
+    token_ids: Sequence[int]
     cache_salt: str = ""
     lookahead_slots: int = 0
 
@@ -27,7 +29,7 @@ class AllocateOp:
 @dataclass(slots=True)
 class AppendOp:
     seq_id: SeqId
-    token_ids: tuple[int, ...] = ()
+    token_ids: Sequence[int] = ()
     lookahead_slots: int = 0
     # 0 leaves the computed mark where it is.
     num_computed_tokens: int = 0
