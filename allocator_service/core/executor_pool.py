@@ -165,7 +165,10 @@ class ExecutorPool:
             if growth is None:
                 return None
         if token_ids:
-            seq.token_ids.extend(token_ids)
+            if type(token_ids) is list:  # as the allocator's decoder hands them over
+                seq.token_ids.fromlist(token_ids)  # sizes the array once: half of extend()
+            else:
+                seq.token_ids.extend(token_ids)
         if num_computed_tokens > seq.num_computed_tokens:
             seq.num_computed_tokens = min(num_computed_tokens, len(seq.token_ids))
             if seq.num_computed_tokens // self.block_size > seq.num_hashed_blocks:
