@@ -36,6 +36,11 @@ class Point:
         return (r.allocator_cpu_s or 0.0) / (r.executors * r.window_s)
 
     @property
+    def cores(self) -> float:
+        """The allocator's CPU over the window, in cores."""
+        return (self.result.allocator_cpu_s or 0.0) / self.result.window_s
+
+    @property
     def p50_ms(self) -> float:
         return percentile(self.result.latencies_ms, 50) if self.result.latencies_ms else 0.0
 
@@ -84,6 +89,19 @@ class FleetResults:
             self.of(iteration_ms, store)
         return statistics.median(p.cpu_per_executor for p in points) if points else 0.0
 
+    def cpu_line(self, iteration_ms: float, store: str) -> tuple[float, float] | None:
+        """(fixed cores, cores per executor): the least-squares line through (N, allocator
+        cores) of the sweep's unsaturated points. What one executor costs falls as N grows
+        (an event-loop turn and a wakeup serve more Steps), so the cost of one more executor
+        is the line's slope, not the cost per executor of a small N. None with fewer than
+        two points."""
+        points = [p for p in self.of(iteration_ms, store) if not p.saturated]
+        if len(points) < 2:
+            return None
+        slope, intercept = statistics.linear_regression([p.executors for p in points],
+                                                        [p.cores for p in points])
+        return intercept, slope
+
     def largest_sustained(self, iteration_ms: float, store: str) -> int:
         return max((p.executors for p in self.of(iteration_ms, store) if p.sustained),
                    default=0)
@@ -116,11 +134,20 @@ def summary_rows(results: FleetResults) -> list[Row]:
                 continue
             cpu = results.cpu_per_executor(it, store)
             target = target_for(it, store)
-            per_core = 1 / cpu if cpu else 0
-            rows.append(Row(f"{it:g} ms, {store}: allocator CPU per executor-second",
-                            f"{cpu * 1000:.1f} ms"))
-            rows.append(Row(f"{it:g} ms, {store}: executors per allocator core (1 / the above)",
-                            f"{per_core:.0f}", f"≥ {target}", per_core >= target))
+            rows.append(Row(f"{it:g} ms, {store}: allocator CPU per executor-second (median "
+                            "of the sweep's points)", f"{cpu * 1000:.1f} ms"))
+            rows.append(Row(f"{it:g} ms, {store}: executors per allocator core by that "
+                            "median (1 / the above)", f"{1 / cpu if cpu else 0:.0f}"))
+            line = results.cpu_line(it, store)
+            if line is not None:
+                fixed, marginal = line
+                per_core = (1 - fixed) / marginal if marginal > 0 else 0
+                rows.append(Row(f"{it:g} ms, {store}: allocator cores against N (a line "
+                                "through the sweep's points)",
+                                f"{fixed:.3f} + {marginal * 1000:.2f} ms × N"))
+                rows.append(Row(f"{it:g} ms, {store}: executors one allocator core serves "
+                                "by that line ((1 − fixed) / per executor)",
+                                f"{per_core:.0f}", f"≥ {target}", per_core >= target))
             largest = results.largest_sustained(it, store)
             rows.append(Row(f"{it:g} ms, {store}: largest N replayed with 0 stalls, p99 ≤ "
                             f"{TARGET_P99_MS:g} ms", f"{largest}", f"≥ {target}",
