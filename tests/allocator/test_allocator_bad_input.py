@@ -110,6 +110,14 @@ REQUEST_ERRORS = [
     pytest.param(_step(allocate("negative", [5, -7])), Code.INVALID_ARGUMENT,
                  "ops[1] (AllocateOp): token ids must not be negative, got -7",
                  id="allocate-negative-token"),
+    pytest.param(_step(pb.BlockOp(allocate=pb.AllocateOp(
+        seq_id="packed", packed_token_ids=(5).to_bytes(4, "little") + (-7).to_bytes(
+            4, "little", signed=True)))), Code.INVALID_ARGUMENT,
+        "ops[1] (AllocateOp): token ids must not be negative, got -7",
+        id="allocate-negative-packed-token"),
+    pytest.param(_step(pb.BlockOp(append=pb.AppendOp(seq_id="x", packed_token_ids=b"\1\2"))),
+                 Code.INVALID_ARGUMENT, "ops[1]: packed_token_ids is 2 bytes, not a multiple of 4",
+                 id="append-packed-tokens-cut"),
     pytest.param(_step(allocate("", [1])), Code.INVALID_ARGUMENT,
                  "ops[1] (AllocateOp): seq_id is empty", id="allocate-empty-seq_id"),
     pytest.param(_step(allocate("s" * 257, [1])), Code.INVALID_ARGUMENT,

@@ -6,6 +6,8 @@ behind them.
 """
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from allocator_service.core.errors import StepIdReused, StepIdTooOld, UnknownSequence
@@ -193,3 +195,16 @@ def test_step_with_token_id_past_uint32_is_refused_before_any_op_applies():
         allocator.step("e", 1, 1, [AllocateOp("a", (1, 2, 3)),
                                    AllocateOp("b", (2**32,) * 5)])
     assert executor.pool.sequences == {}
+
+
+@pytest.mark.parametrize("make_op", [
+    lambda ids: AllocateOp("b", ids), lambda ids: AppendOp("a", ids)], ids=["allocate", "append"])
+def test_negative_token_id_in_a_packed_array_is_refused_before_any_op_applies(make_op):
+    """Packed ids decode to an int32 array, checked by its sign bytes rather than min()."""
+    allocator, executor = registered()
+    allocator.step("e", 1, 1, [AllocateOp("a", (1, 2, 3))])
+    with pytest.raises(InvalidOp, match=r"ops\[1\].*must not be negative, got -7"):
+        allocator.step("e", 1, 2, [FreeOp("a"), make_op(array("i", [4, -7, 2**31 - 1]))])
+    assert list(executor.pool.sequences) == ["a"]
+    assert allocator.step("e", 1, 2, [make_op(array("i", [4, 0, 2**31 - 1]))]).results[0].status \
+        == OpStatus.OK

@@ -1,6 +1,8 @@
 """The block protocol's codec (pagedserve.protocol.block_codec) keeps every field, both ways."""
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
@@ -13,10 +15,31 @@ from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, ForkOp, FreeOp,
 def test_every_op_kind_round_trips_through_its_proto() -> None:
     ops = [AllocateOp("a", (1, 2, 3), "tenant", 5), AppendOp("a", (4,), 2, 3),
            AppendOp("a"), ForkOp("a", "b"), FreeOp("a")]
-    # The decoder hands the token ids over as the lists protobuf gives it.
+    # The encoder packs token ids; the decoder hands them over as int32 arrays.
     assert ops_from_proto([op_to_proto(op) for op in ops]) == [
-        AllocateOp("a", [1, 2, 3], "tenant", 5), AppendOp("a", [4], 2, 3), AppendOp("a", []),
-        ForkOp("a", "b"), FreeOp("a")]
+        AllocateOp("a", array("i", [1, 2, 3]), "tenant", 5), AppendOp("a", array("i", [4]), 2, 3),
+        AppendOp("a", []), ForkOp("a", "b"), FreeOp("a")]
+
+
+def test_packed_and_repeated_token_ids_decode_to_the_same_ids() -> None:
+    ids = [0, 7, 70000, 2**31 - 1]
+    packed = b"".join(i.to_bytes(4, "little") for i in ids)  # as the proto comment says
+    assert op_to_proto(AppendOp("a", tuple(ids))).append.packed_token_ids == packed
+    repeated = [pb.BlockOp(append=pb.AppendOp(seq_id="a", token_ids=ids)),
+                pb.BlockOp(allocate=pb.AllocateOp(seq_id="b", token_ids=ids))]
+    packed_ops = [pb.BlockOp(append=pb.AppendOp(seq_id="a", packed_token_ids=packed)),
+                  pb.BlockOp(allocate=pb.AllocateOp(seq_id="b", packed_token_ids=packed))]
+    assert [list(op.token_ids) for op in ops_from_proto(repeated)] == [ids, ids]
+    assert [list(op.token_ids) for op in ops_from_proto(packed_ops)] == [ids, ids]
+
+
+@pytest.mark.parametrize("op, error", [
+    (pb.AppendOp(seq_id="a", packed_token_ids=b"\1\0\0"), "packed_token_ids is 3 bytes"),
+    (pb.AppendOp(seq_id="a", token_ids=[1], packed_token_ids=b"\1\0\0\0"), "sets both"),
+])
+def test_malformed_packed_token_ids_are_refused_with_the_ops_index(op, error) -> None:
+    with pytest.raises(InvalidOp, match=rf"ops\[1\].*{error}"):
+        ops_from_proto([op_to_proto(FreeOp("x")), pb.BlockOp(append=op)])
 
 
 def test_op_without_a_kind_is_refused_with_its_index() -> None:

@@ -118,28 +118,32 @@ class BlockOp(_message.Message):
     def __init__(self, allocate: _Optional[_Union[AllocateOp, _Mapping]] = ..., append: _Optional[_Union[AppendOp, _Mapping]] = ..., fork: _Optional[_Union[ForkOp, _Mapping]] = ..., free: _Optional[_Union[FreeOp, _Mapping]] = ...) -> None: ...
 
 class AllocateOp(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "cache_salt", "lookahead_slots")
+    __slots__ = ("seq_id", "token_ids", "cache_salt", "lookahead_slots", "packed_token_ids")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     cache_salt: str
     lookahead_slots: int
-    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., lookahead_slots: _Optional[int] = ...) -> None: ...
+    packed_token_ids: bytes
+    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., lookahead_slots: _Optional[int] = ..., packed_token_ids: _Optional[bytes] = ...) -> None: ...
 
 class AppendOp(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "lookahead_slots", "num_computed_tokens")
+    __slots__ = ("seq_id", "token_ids", "lookahead_slots", "num_computed_tokens", "packed_token_ids")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_SLOTS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     lookahead_slots: int
     num_computed_tokens: int
-    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., lookahead_slots: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
+    packed_token_ids: bytes
+    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., lookahead_slots: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., packed_token_ids: _Optional[bytes] = ...) -> None: ...
 
 class ForkOp(_message.Message):
     __slots__ = ("parent_seq_id", "child_seq_id")
