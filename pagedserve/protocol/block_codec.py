@@ -13,7 +13,6 @@ from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
                                            OpResult, OpStatus, StepResult)
 
-
 # Token ids travel packed (packed_token_ids): little-endian int32, 4 bytes each.
 TOKEN_BYTES = 4
 _NATIVE_IS_LITTLE_ENDIAN = sys.byteorder == "little"
