@@ -165,8 +165,10 @@ class ExecutorPool:
             if growth is None:
                 return None
         if token_ids:
-            if type(token_ids) is list:  # as the allocator's decoder hands them over
-                seq.token_ids.fromlist(token_ids)  # sizes the array once: half of extend()
+            # Packed ids arrive as an int32 array, which extend() copies whole; the repeated
+            # field's as a list, which fromlist() copies at half of what extend() costs.
+            if type(token_ids) is list:
+                seq.token_ids.fromlist(token_ids)
             else:
                 seq.token_ids.extend(token_ids)
         if num_computed_tokens > seq.num_computed_tokens:
