@@ -128,10 +128,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="executors per stream (8 × 2 streams: a 16-executor allocator)")
     parser.add_argument("--iteration-ms", type=float, default=20.0)
     parser.add_argument("--record-s", type=float, default=30.0)
+    parser.add_argument("--reserve-blocks", type=int, default=2,
+                        help="the recording executors' --reserve-blocks (as bench.fleet's)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fleet-profile-") as scratch:
         paths = args.streams or record(Path(scratch), args.iteration_ms, 2,
-                                       Timing(record_s=args.record_s), 256, 4)[0]
+                                       Timing(record_s=args.record_s), 256, 4,
+                                       args.reserve_blocks)[0]
         streams = [StepStream.load(path) for path in paths]
     off = play(streams, args.copies, collect=False)
     on = play(streams, args.copies, collect=True)
