@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from allocator_service.core.block_hash import TOKEN_BYTES, packed_slice
+from allocator_service.core.block_hash import packed_slice
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.free_block_queue import FreeBlockQueue
+from pagedserve.protocol.token_bytes import TOKEN_BYTES
 
 
 def audit_pool(executor_id: str, pool: ExecutorPool) -> list[str]:

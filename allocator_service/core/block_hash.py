@@ -15,26 +15,23 @@ hashed as it is, compared with one memcmp on a prefix hit, and never walked by t
 from __future__ import annotations
 
 import struct
-import sys
 from array import array
 from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import NewType
 
+from pagedserve.protocol.token_bytes import array_to_bytes, bytes_to_array
+
 BlockHash = NewType("BlockHash", bytes)
 HASH_BYTES = 16
 
-# A full block's token ids as the hash covers them: little-endian uint32, 4 bytes a token.
+# A full block's token ids as the hash covers them: little-endian uint32, TOKEN_BYTES a token
+# (pagedserve/protocol/token_bytes.py).
 PackedTokens = NewType("PackedTokens", bytes)
-TOKEN_BYTES = 4
 
 # A hash function over (parent hash, the block's packed tokens); injectable so tests can force
 # collisions.
 HashFn = Callable[[BlockHash, PackedTokens], BlockHash]
-
-# An int32 array's bytes are the canonical encoding on a little-endian machine (token ids are
-# validated non-negative before they reach a pool); a big-endian one swaps them first.
-_NATIVE_IS_CANONICAL = sys.byteorder == "little"
 
 
 def root_hash(model_fingerprint: str, cache_salt: str) -> BlockHash:
@@ -58,16 +55,14 @@ def chain_hash(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
 
 
 def pack_tokens(token_ids: Sequence[int]) -> PackedTokens:
-    return PackedTokens(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return PackedTokens(array_to_bytes(array("i", token_ids)))
 
 
 def unpack_tokens(tokens: PackedTokens) -> tuple[int, ...]:
-    return struct.unpack(f"<{len(tokens) // TOKEN_BYTES}I", tokens)
+    return tuple(bytes_to_array(tokens))
 
 
-def packed_slice(token_ids: array, start: int, stop: int) -> PackedTokens:
-    """The packed tokens [start, stop) of an int32 array (a sequence's tokens)."""
-    part = token_ids[start:stop]
-    if not _NATIVE_IS_CANONICAL:
-        part.byteswap()
-    return PackedTokens(part.tobytes())
+def packed_slice(token_ids: array[int], start: int, stop: int) -> PackedTokens:
+    """The packed tokens [start, stop) of an int32 array (a sequence's tokens; valid ids are
+    non-negative, so their int32 bytes are the hash's uint32 ones)."""
+    return PackedTokens(array_to_bytes(token_ids[start:stop]))

@@ -5,39 +5,34 @@ its journal) decode ops and encode results. One module, so the two sides cannot 
 """
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Iterable, Sequence
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
                                            OpResult, OpStatus, StepResult)
-
-# Token ids travel packed (packed_token_ids): little-endian int32, 4 bytes each.
-TOKEN_BYTES = 4
-_NATIVE_IS_LITTLE_ENDIAN = sys.byteorder == "little"
+from pagedserve.protocol.token_bytes import TOKEN_BYTES, array_to_bytes, bytes_to_array
 
 
 def pack_token_ids(token_ids: Sequence[int]) -> bytes:
-    """Raises OverflowError for an id outside int32, as the repeated field would."""
-    packed = array("i", token_ids)
-    if not _NATIVE_IS_LITTLE_ENDIAN:
-        packed.byteswap()
-    return packed.tobytes()
+    """An op's packed_token_ids. Raises OverflowError for an id outside int32, as the repeated
+    field would."""
+    return array_to_bytes(array("i", token_ids))
 
 
-def unpack_token_ids(packed: bytes, repeated: Sequence[int], index: int) -> array[int]:
-    """The ids of an op's packed_token_ids (`repeated`: its token_ids, which must be empty)."""
+def _token_ids(op: pb.AllocateOp | pb.AppendOp, index: int) -> Sequence[int]:
+    """The ids of ops[index]: packed ones become an int32 array in one copy; the repeated field
+    costs an int object per token, and its slice is the cheapest way to read it (a list, kept
+    as it is)."""
+    packed = op.packed_token_ids
+    if not packed:
+        return op.token_ids[:]
     if len(packed) % TOKEN_BYTES:
         raise InvalidOp(f"ops[{index}]: packed_token_ids is {len(packed)} bytes, not a "
                         f"multiple of {TOKEN_BYTES}")
-    if len(repeated):
+    if len(op.token_ids):
         raise InvalidOp(f"ops[{index}] sets both token_ids and packed_token_ids; set one")
-    token_ids = array("i")
-    token_ids.frombytes(packed)
-    if not _NATIVE_IS_LITTLE_ENDIAN:
-        token_ids.byteswap()
-    return token_ids
+    return bytes_to_array(packed)
 
 
 def op_to_proto(op: BlockOp) -> pb.BlockOp:
@@ -61,21 +56,15 @@ def ops_from_proto(ops: Iterable[pb.BlockOp]) -> list[BlockOp]:
     add = converted.append
     for index, op in enumerate(ops):
         # Appends first: nearly every op of a Step is one. HasField is cheaper than WhichOneof.
-        # Packed ids become an int32 array in one copy; the repeated field costs an int object
-        # per token, and its slice is the cheapest way to read it (a list, kept as it is). Ids
-        # go in as the strings they are: SeqId() is a call per op that does nothing.
+        # Ids go in as the strings they are: SeqId() is a call per op that does nothing.
         if op.HasField("append"):
             o = op.append
-            packed = o.packed_token_ids
-            add(AppendOp(o.seq_id,  # type: ignore[arg-type]
-                         unpack_token_ids(packed, o.token_ids, index) if packed
-                         else o.token_ids[:], o.lookahead_slots, o.num_computed_tokens))
+            add(AppendOp(o.seq_id, _token_ids(o, index),  # type: ignore[arg-type]
+                         o.lookahead_slots, o.num_computed_tokens))
         elif op.HasField("allocate"):
             o = op.allocate
-            packed = o.packed_token_ids
-            add(AllocateOp(o.seq_id,  # type: ignore[arg-type]
-                           unpack_token_ids(packed, o.token_ids, index) if packed
-                           else o.token_ids[:], o.cache_salt, o.lookahead_slots))
+            add(AllocateOp(o.seq_id, _token_ids(o, index),  # type: ignore[arg-type]
+                           o.cache_salt, o.lookahead_slots))
         elif op.HasField("fork"):
             add(ForkOp(op.fork.parent_seq_id, op.fork.child_seq_id))  # type: ignore[arg-type]
         elif op.HasField("free"):
