@@ -165,12 +165,7 @@ class ExecutorPool:
             if growth is None:
                 return None
         if token_ids:
-            # Packed ids arrive as an int32 array, which extend() copies whole; the repeated
-            # field's as a list, which fromlist() copies at half of what extend() costs.
-            if type(token_ids) is list:
-                seq.token_ids.fromlist(token_ids)
-            else:
-                seq.token_ids.extend(token_ids)
+            seq.token_ids.extend(token_ids)  # packed ids arrive as an int32 array: one copy
         if num_computed_tokens > seq.num_computed_tokens:
             seq.num_computed_tokens = min(num_computed_tokens, len(seq.token_ids))
             if seq.num_computed_tokens // self.block_size > seq.num_hashed_blocks:
