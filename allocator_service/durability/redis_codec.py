@@ -102,6 +102,8 @@ def decode_snapshot(blob: bytes) -> dict[str, Any]:
 
 EVENT_TYPE_TEXT = {type_: name.decode() for type_, name in EVENT_TYPE_NAMES.items()}
 EVENT_TYPES_BY_TEXT = {name: type_ for type_, name in EVENT_TYPE_TEXT.items()}
+# Each type's `"type":"..."` member, as encode_events writes it.
+_TYPE_MEMBER = {type_: f'"type":{json.dumps(name)}' for type_, name in EVENT_TYPE_TEXT.items()}
 
 
 def events_xadd(keys: Keys, events: list[PackedEvent], trim_below: int | None
@@ -122,15 +124,16 @@ def encode_events(events: list[PackedEvent]) -> bytes:
         executor = names.get(executor_id)
         if executor is None:
             executor = names[executor_id] = json.dumps(executor_id)
+        kind = _TYPE_MEMBER[type_]
         if type_ == KvEventType.BLOCK_STORED:
-            parts.append(f'{{"type":"BlockStored","executor":{executor},"block":{block_id},'
+            parts.append(f'{{{kind},"executor":{executor},"block":{block_id},'
                          f'"hash":"{block_hash.hex()}","parent":"{parent_hash.hex()}",'
                          f'"packed_tokens":"{tokens.hex()}"}}')
         elif type_ == KvEventType.BLOCK_REMOVED:
-            parts.append(f'{{"type":"BlockRemoved","executor":{executor},"block":{block_id},'
+            parts.append(f'{{{kind},"executor":{executor},"block":{block_id},'
                          f'"hash":"{block_hash.hex()}"}}')
         else:
-            parts.append(f'{{"type":"PoolReset","executor":{executor},'
+            parts.append(f'{{{kind},"executor":{executor},'
                          f'"reason":{json.dumps(str(reason))},"num_blocks":{num_blocks},'
                          f'"block_size":{block_size}}}')
     return f"[{','.join(parts)}]".encode()

@@ -32,8 +32,7 @@ class Point:
     @property
     def cpu_per_executor(self) -> float:
         """Allocator CPU seconds per executor-second."""
-        r = self.result
-        return (r.allocator_cpu_s or 0.0) / (r.executors * r.window_s)
+        return self.cores / self.result.executors
 
     @property
     def cores(self) -> float:
