@@ -14,7 +14,7 @@ from allocator_service.server.admin_servicer import AllocatorAdminServicer
 from allocator_service.server.allocator_servicer import AllocatorServicer
 from allocator_service.server.config import AllocatorConfig, StateStoreOptions, parse_config
 from allocator_service.server.executor_identity import ExecutorIdentityInterceptor
-from allocator_service.server.heap import collect_less_often, freeze_long_lived
+from allocator_service.server.heap import CollectionSchedule, freeze_long_lived
 from allocator_service.server.step_channel import StepChannel
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
@@ -146,7 +146,7 @@ def serve(state: AllocatorState, service: GrpcService, stop: threading.Event,
         return
     gc.collect()  # what failed loads left behind, before the loaded pools are frozen
     freeze_long_lived()
-    collect_less_often()
+    CollectionSchedule().start()  # for the process's life
     threading.Thread(target=reap_expired_leases, args=(state, stop, log), name="lease-reaper",
                      daemon=True).start()
     threading.Thread(target=state.watch_store, args=(stop,), name="store-watchdog",

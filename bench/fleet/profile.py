@@ -12,7 +12,10 @@ interleaved as they arrive at a server, and times each stage apart:
     encode     step_result_to_proto and its serialization
 
 It runs the streams twice on fresh allocators, the cyclic garbage collector off and then on
-(pools frozen after registration and collections as rare as the server makes them); the difference is what collection costs.
+(pools frozen after registration, collections on the server's schedule, server/heap.py); the
+difference is what collection costs. In process the Steps run back to back, faster than a fleet
+sends them, so each timed collection finds more to walk and there are fewer of them.
+
 What a replay measures beyond the sum is gRPC's own work per call. Every answer is compared with
 the recorded one. Prints a table; writes nothing.
 
@@ -32,7 +35,7 @@ from pathlib import Path
 from allocator_service.core.allocator import Allocator
 from allocator_service.durability import commands
 from allocator_service.durability.state_store import MemoryStore
-from allocator_service.server.heap import collect_less_often
+from allocator_service.server.heap import CollectionSchedule
 from bench.fleet.capacity import Timing, record
 from bench.fleet.step_stream import StepStream, step_body
 from pagedserve.allocator.v1 import allocator_pb2 as pb
@@ -71,8 +74,8 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
     arrivals = [steps[i] for i in range(longest) for steps in plays if i < len(steps)]
     gc.collect()
     gc.freeze()
-    thresholds = gc.get_threshold()
-    collect_less_often()  # as the server does
+    # As the server collects (server/heap.py), or not at all.
+    schedule = CollectionSchedule().start() if collect else None
     if not collect:
         gc.disable()
     times = StageTimes()
@@ -102,9 +105,10 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
             times.ops += len(ops)
             times.mismatches += answer != reply
     finally:
+        if schedule is not None:
+            schedule.stop()
         gc.enable()
         gc.unfreeze()
-        gc.set_threshold(*thresholds)
     return times
 
 
