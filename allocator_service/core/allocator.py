@@ -5,6 +5,7 @@ lock), so no caller ever sees a half-applied step.
 """
 from __future__ import annotations
 
+import marshal
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -24,9 +25,11 @@ from pagedserve.protocol.limits import Limits
 class RecordedStep:
     """A step's result kept for answering its retries.
 
-    Kept packed as exact tuples of plain values: the collector stops scanning such tuples after
-    one pass, while a result's objects and lists (an executor's last 64 steps, tens of thousands
-    of them in a fleet) would be walked by every full collection, pausing every Step.
+    Kept as one bytes object (marshal of plain tuples), which the cyclic collector never tracks.
+    Each executor's last 64 results live for seconds, so as tuples and objects (tens of
+    thousands of them in a fleet) every one would be walked by a collection at least once:
+    about a tenth of the allocator's CPU in a fleet replay. Retries and snapshots, which read
+    them, are rare.
     """
 
     __slots__ = ("identity", "_packed")
@@ -35,27 +38,27 @@ class RecordedStep:
         # What identifies the request: the caller's digest of it (the server hashes the
         # serialized request), or else the list of ops itself, compared with ==.
         self.identity = identity
-        self._packed = (result.num_free_blocks, tuple(
+        self._packed = marshal.dumps((result.num_free_blocks, tuple(
             _PACKED_OK if r is OK else
             (int(r.status), r.message, tuple(r.block_table), r.num_cached_tokens,
-             tuple(r.new_blocks), tuple(r.copies)) for r in result.results))
+             tuple(r.new_blocks), tuple(r.copies)) for r in result.results)))
 
     @property
     def packed_result(self) -> tuple[int, tuple[tuple, ...]]:
         """The result as plain values, without building it: (num_free_blocks, one
         (status, message, block_table, num_cached_tokens, new_blocks, copies) per op)."""
-        return self._packed
+        return marshal.loads(self._packed)
 
     @property
     def result(self) -> StepResult:
-        num_free_blocks, results = self._packed
+        num_free_blocks, results = self.packed_result
         return StepResult([OpResult(OpStatus(status), message, list(table), cached, list(new),
                                     list(copies))
                            for status, message, table, cached, new, copies in results],
                           num_free_blocks)
 
 
-# The shared OK result (most decode appends), packed once.
+# An OK result (most decode appends), packed once.
 _PACKED_OK = (int(OpStatus.OK), "", (), 0, (), ())
 
 

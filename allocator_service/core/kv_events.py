@@ -90,7 +90,8 @@ class KvEventLog:
 
     def pool_reset(self, executor_id: str, reason: str, num_blocks: int = 0,
                    block_size: int = 0) -> None:
-        self.pending.append((self.next_seq(), _RESET, executor_id, 0, b"", b"", b"", reason,
+        # str(): a PoolResetReason's value, so the event holds plain values only.
+        self.pending.append((self.next_seq(), _RESET, executor_id, 0, b"", b"", b"", str(reason),
                              num_blocks, block_size))
 
     def next_seq(self) -> int:

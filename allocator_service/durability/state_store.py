@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import marshal
 import threading
 
 from allocator_service.core.allocator import Allocator
@@ -68,23 +69,54 @@ class MemoryStore(StateStore):
     """No durability: state lives and dies with the process. Keeps the last events for readers."""
 
     def __init__(self, max_events: int = 100_000) -> None:
-        # Packed as the core makes them (kv_events.py): unpacked only for a reader.
-        self._events: collections.deque[PackedEvent] = collections.deque(maxlen=max_events)
+        self.max_events = max_events
+        # One entry per commit, oldest first: (seq of its first event, number of its events, the
+        # events as the core packs them, marshalled). Bytes, not tuples: a hundred thousand kept
+        # tuples would each be walked by the cyclic collector before it learns to skip them,
+        # several per cent of a busy allocator's CPU. Unpacked only for a reader.
+        self._batches: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        # Events at the front of the oldest batch that are already out of the ring.
+        self._dropped = 0
+        self._num_events = 0
+        self._last_seq = 0
         self._new_events = threading.Condition()
 
     def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
         if events:
             with self._new_events:
-                self._events.extend(events)
+                self._batches.append((events[0][0], len(events), marshal.dumps(events)))
+                self._num_events += len(events)
+                self._last_seq = events[-1][0]
+                self._drop_oldest()
                 self._new_events.notify_all()
+
+    def _drop_oldest(self) -> None:
+        while self._num_events > self.max_events:
+            excess = self._num_events - self.max_events
+            oldest_left = self._batches[0][1] - self._dropped
+            if excess >= oldest_left:
+                self._batches.popleft()
+                self._dropped = 0
+                self._num_events -= oldest_left
+            else:
+                self._dropped += excess
+                self._num_events -= excess
 
     def read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
         with self._new_events:
-            if wait_s > 0 and (not self._events or self._events[-1][0] < from_seq):
+            if wait_s > 0 and (not self._batches or self._last_seq < from_seq):
                 self._new_events.wait(wait_s)
-            if not self._events or self._events[-1][0] < from_seq:
+            if limit <= 0 or not self._batches or self._last_seq < from_seq:
                 return []
-            # Numbers can skip (a change that raised drops its events), so search, not subtract.
-            start = bisect.bisect_left(self._events, from_seq, key=lambda packed: packed[0])
-            return [unpack(self._events[i])
-                    for i in range(start, min(len(self._events), start + limit))]
+            # Numbers can skip (a change that raised drops its events), so search, not subtract:
+            # from the last batch starting at or before from_seq.
+            first = max(0, bisect.bisect_right(self._batches, from_seq, key=lambda b: b[0]) - 1)
+            found: list[KvEvent] = []
+            for index in range(first, len(self._batches)):
+                packed = marshal.loads(self._batches[index][2])
+                for event in packed[self._dropped:] if index == 0 else packed:
+                    if event[0] >= from_seq:
+                        found.append(unpack(event))
+                        if len(found) == limit:
+                            return found
+            return found

@@ -344,6 +344,10 @@ def test_read_events_ring_drops_the_oldest():
     commit_events(store, 9, 20)  # more than the ring holds in one commit
     assert seqs(store.read_events(0, 100, 0)) == [16, 17, 18, 19, 20]
     assert seqs(store.read_events(18, 100, 0)) == [18, 19, 20]
+    commit_events(store, 21, 22)  # the ring now ends part way into the commit before
+    assert seqs(store.read_events(0, 100, 0)) == [18, 19, 20, 21, 22]
+    assert seqs(store.read_events(17, 2, 0)) == [18, 19]
+    assert seqs(store.read_events(21, 100, 0)) == [21, 22]
 
 
 def test_read_events_waits_for_a_commit_from_another_thread():
