@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-shards", type=int, default=4,
                         help="shards of the allocator group replayed at the first iteration "
                              "time (0: none)")
-    parser.add_argument("--group-executors", type=int, default=32,
+    parser.add_argument("--group-executors", type=int, default=96,
                         help="executors replayed against the allocator group")
     add_output_flags(parser)
     args = parser.parse_args(argv)

@@ -69,7 +69,9 @@ class ReplayResult:
     # Seconds the executors would have waited on Steps their forward pass needed first.
     blocking_wait_s: float = 0.0
     allocator_cpu_s: float | None = None
-    # Per shard of an allocator group, in --target order: its CPU seconds and its executors.
+    # Per shard of an allocator group, in --target order: its address, CPU seconds and
+    # executors.
+    shard_targets: list[str] = field(default_factory=list)
     shard_cpu_s: list[float] = field(default_factory=list)
     shard_executors: list[int] = field(default_factory=list)
     driver_cpu_s: float = 0.0
@@ -177,8 +179,9 @@ async def replay(shards: Sequence[str], streams: list[StepStream], executors: in
     now = loop.time()
     window = Window(now + warmup_s, now + warmup_s + measure_s)
     result = ReplayResult(executors, measure_s)
-    ids = [f"replay-{k}" for k in range(executors)]
+    ids = [replayed_executor_id(k) for k in range(executors)]
     owners = [shards.index(shard_of(executor_id, shards)) for executor_id in ids]
+    result.shard_targets = list(shards)
     result.shard_executors = [owners.count(index) for index in range(len(shards))]
     # A few channels per shard: one HTTP/2 connection would serialize every stream's frames.
     channels = [[grpc.aio.insecure_channel(shard) for _ in range(max(1, min(8, count)))]
@@ -202,6 +205,10 @@ async def replay(shards: Sequence[str], streams: list[StepStream], executors: in
         for channel in shard_channels:
             await channel.close()
     return result
+
+
+def replayed_executor_id(k: int) -> str:
+    return f"replay-{k}"
 
 
 async def sleep_until(moment: float) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from bench.fleet.replay import ReplayResult
+from bench.fleet.replay import ReplayResult, replayed_executor_id
 from bench.report import Row, markdown_table, percentile
+from pagedserve.common.allocator_shards import shard_of
 
 # The issue's targets: executors one allocator process serves with no stall and Step p99 within
 # 5 ms, in memory; with Redis (appendfsync everysec) at least 0.7 times as many.
@@ -15,6 +16,9 @@ REDIS_SHARE = 0.7
 TARGET_P99_MS = 5.0
 # An allocator group of 4 shards must hold at least 3.5 times one allocator's executors.
 TARGET_GROUP = {4: 3.5}
+# How many other address lists the report spreads a group's fleet over: the assignment depends
+# on the addresses, so one group's spread is one draw.
+OTHER_GROUPS = 200
 # A point whose stalls exceed this share of its Steps is saturated: the sweep stops there.
 SATURATED_STALL_SHARE = 0.01
 
@@ -174,15 +178,73 @@ def interval_rows(results: FleetResults) -> list[Row]:
     return rows
 
 
-def group_capacity_ratio(results: FleetResults, point: Point) -> float:
-    """The group's capacity over one allocator's, both limited by CPU: one allocator holds
-    1 / c executors per core (c: its CPU per executor-second from the sweep); the group is full
-    when its busiest shard uses a whole core, so it holds N / (that shard's cores) times the
-    executors it replayed. Uneven shards (rendezvous hashing) count against the group."""
+def replayed_group_ratio(results: FleetResults, point: Point) -> float:
+    """The group's capacity over one allocator's as the replayed N alone shows it: one
+    allocator holds 1 / c executors per core (c: its median CPU per executor-second); the group
+    is full when its busiest shard uses a whole core, so it holds N / (that shard's cores) times
+    the executors it replayed. At a small N the hash spread is far less even than at the N a
+    group is for, and a shard with few executors costs more per executor."""
     single = results.cpu_per_executor(point.iteration_ms, "memory")
     r = point.result
     busiest = max(r.shard_cpu_s, default=0.0) / r.window_s
     return r.executors * single / busiest if busiest and single else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCapacity:
+    # One allocator: executors per core by the sweep's line.
+    single: float
+    # The group's CPU over what one allocator's line gives for each shard's executors, summed.
+    efficiency: float
+    # The largest fleet the group holds with no shard past a core, and its spread.
+    executors: int
+    spread: tuple[int, ...]
+    # The same fleet over other groups' addresses: the median and the 5th percentile.
+    median_executors: int
+    low_executors: int
+
+    @property
+    def ratio(self) -> float:
+        return self.executors / self.single
+
+
+def group_capacity(results: FleetResults, point: Point) -> GroupCapacity | None:
+    """The group's capacity from the replay and the single allocator's line (fixed + per
+    executor × N cores): a shard of the group costs what one allocator costs at its executors,
+    times the efficiency the replay measured. The fleet grows an executor at a time (ids as the
+    replay names them, each to the shard rendezvous hashing gives it among this group's
+    addresses) until the busiest shard would need more than a core. None without a line."""
+    line = results.cpu_line(point.iteration_ms, "memory")
+    r = point.result
+    if line is None or not r.shard_targets or line[1] <= 0:
+        return None
+    fixed, per_executor = line
+    predicted = sum(fixed + per_executor * n for n in r.shard_executors) * r.window_s
+    efficiency = sum(r.shard_cpu_s) / predicted
+    fleet, spread = fleet_held(r.shard_targets, efficiency * fixed, efficiency * per_executor)
+    others = sorted(fleet_held(other_group(len(r.shard_targets), seed), efficiency * fixed,
+                               efficiency * per_executor)[0] for seed in range(OTHER_GROUPS))
+    return GroupCapacity((1 - fixed) / per_executor, efficiency, fleet, spread,
+                         others[len(others) // 2], others[len(others) // 20])
+
+
+def other_group(shards: int, seed: int) -> list[str]:
+    return [f"10.{seed // 256}.{seed % 256}.{index + 1}:50052" for index in range(shards)]
+
+
+def fleet_held(targets: list[str], fixed: float, per_executor: float
+               ) -> tuple[int, tuple[int, ...]]:
+    """Grows a fleet an executor at a time (ids as the replay names them, each to the shard
+    rendezvous hashing gives it among `targets`) until the next one would take its shard past
+    a core at fixed + per_executor × N cores; the fleet and its spread."""
+    counts = [0] * len(targets)
+    fleet = 0
+    while True:
+        owner = targets.index(shard_of(replayed_executor_id(fleet), targets))
+        if fixed + per_executor * (counts[owner] + 1) > 1:
+            return fleet, tuple(counts)
+        counts[owner] += 1
+        fleet += 1
 
 
 def group_rows(results: FleetResults) -> list[Row]:
@@ -200,11 +262,26 @@ def group_rows(results: FleetResults) -> list[Row]:
                         f"{point.p50_ms:.2f} / {point.p99_ms:.2f} ms, {r.stalls}, "
                         f"{r.mismatches}", "0 stalls, 0 differing",
                         r.stalls == 0 and r.mismatches == 0))
+        rows.append(Row(f"{head}: capacity over one allocator's at this N (N × median CPU "
+                        "per executor / busiest shard's cores)",
+                        f"{replayed_group_ratio(results, point):.2f}×"))
+        capacity = group_capacity(results, point)
+        if capacity is None:
+            continue
         target = TARGET_GROUP.get(shards)
-        ratio = group_capacity_ratio(results, point)
-        rows.append(Row(f"{head}: the group's capacity over one allocator's (by CPU)",
-                        f"{ratio:.2f}×", f"≥ {target:g}×" if target else "",
-                        ratio >= target if target else None))
+        rows.append(Row(f"{head}: the shards' CPU over one allocator's line at their "
+                        "executors", f"{capacity.efficiency:.2f}×"))
+        rows.append(Row(f"{shards} shards: the largest fleet with no shard past a core "
+                        "(executors per shard)",
+                        f"{capacity.executors} ({' / '.join(map(str, capacity.spread))})"))
+        rows.append(Row(f"{shards} shards: the group's capacity over one allocator's "
+                        f"({capacity.executors} / {capacity.single:.0f})",
+                        f"{capacity.ratio:.2f}×", f"≥ {target:g}×" if target else "",
+                        capacity.ratio >= target if target else None))
+        rows.append(Row(f"{shards} shards: the same over {OTHER_GROUPS} other address lists, "
+                        "median / 5th percentile",
+                        f"{capacity.median_executors / capacity.single:.2f}× / "
+                        f"{capacity.low_executors / capacity.single:.2f}×"))
     return rows
 
 

@@ -144,8 +144,8 @@ def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
                    "20 ms, memory: allocator CPU per executor-second",
                    "20 ms, memory: largest N replayed with 0 stalls",
                    "20 ms, memory, 2 shards, 3 executors: executors per shard",
-                   "20 ms, memory, 2 shards, 3 executors: the group's capacity over one "
-                   "allocator's (by CPU)"):
+                   "20 ms, memory, 2 shards, 3 executors: capacity over one allocator's at "
+                   "this N"):
         assert metric in run.stdout
     assert (ROOT / "docs" / "benchmarks.md").read_bytes() == before
     assert list(tmp_path.iterdir()) == []

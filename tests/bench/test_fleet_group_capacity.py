@@ -1,0 +1,73 @@
+"""The allocator group's capacity in the fleet report: one allocator's CPU line, the group
+replay's efficiency, and the rendezvous spread of a growing fleet over the group's addresses."""
+from __future__ import annotations
+
+import math
+
+from bench.fleet.replay import ReplayResult, replayed_executor_id
+from bench.fleet.report import FleetResults, Point, group_capacity, group_rows
+from pagedserve.common.allocator_shards import shard_of
+
+WINDOW_S = 20.0
+FIXED, PER_EXECUTOR = 0.02, 0.008  # one allocator: 0.02 + 8 ms × N cores, 122.5 per core
+SHARDS = ["10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052", "10.0.0.4:50052"]
+
+
+def results_with_group(shard_cores_scale: float) -> tuple[FleetResults, Point]:
+    results = FleetResults("machine", "command", "workload", "timing")
+    for n in (8, 32, 64):
+        results.points.append(Point(20.0, "memory", ReplayResult(
+            n, WINDOW_S, steps=1, allocator_cpu_s=(FIXED + PER_EXECUTOR * n) * WINDOW_S)))
+    owners = [shard_of(replayed_executor_id(k), SHARDS) for k in range(40)]
+    spread = [owners.count(shard) for shard in SHARDS]
+    cores = [(FIXED + PER_EXECUTOR * n) * shard_cores_scale for n in spread]
+    group = Point(20.0, "memory", ReplayResult(
+        40, WINDOW_S, steps=1, shard_targets=SHARDS, shard_executors=spread,
+        shard_cpu_s=[c * WINDOW_S for c in cores], allocator_cpu_s=sum(cores) * WINDOW_S))
+    results.group_points.append(group)
+    return results, group
+
+
+def largest_fleet(efficiency: float) -> tuple[int, list[int]]:
+    """Grows the fleet by hand: executor k joins its shard unless that shard would pass a core."""
+    counts = dict.fromkeys(SHARDS, 0)
+    for k in range(10_000):
+        owner = shard_of(replayed_executor_id(k), SHARDS)
+        if efficiency * (FIXED + PER_EXECUTOR * (counts[owner] + 1)) > 1:
+            return k, [counts[shard] for shard in SHARDS]
+        counts[owner] += 1
+    raise AssertionError("the fleet never filled a shard")
+
+
+def test_shards_that_cost_what_one_allocator_costs_fill_by_the_hash_spread():
+    results, group = results_with_group(1.0)
+    capacity = group_capacity(results, group)
+    assert math.isclose(capacity.efficiency, 1.0)
+    assert math.isclose(capacity.single, (1 - FIXED) / PER_EXECUTOR)
+    fleet, spread = largest_fleet(1.0)
+    assert (capacity.executors, list(capacity.spread)) == (fleet, spread)
+    # The busiest shard holds one allocator's executors; the others hold fewer.
+    assert max(spread) == math.floor(capacity.single)
+    assert sum(spread) == fleet < 4 * capacity.single
+    assert math.isclose(capacity.ratio, fleet / capacity.single)
+    # Other address lists spread the same fleet otherwise, but never past 4 allocators.
+    assert capacity.single <= capacity.low_executors <= capacity.median_executors
+    assert capacity.median_executors < 4 * capacity.single
+
+
+def test_shards_that_cost_more_in_the_replay_hold_fewer():
+    results, group = results_with_group(1.25)
+    capacity = group_capacity(results, group)
+    assert math.isclose(capacity.efficiency, 1.25)
+    assert capacity.executors == largest_fleet(1.25)[0] < group_capacity(
+        *results_with_group(1.0)).executors
+    rows = {row.metric: row for row in group_rows(results)}
+    target_row = next(row for metric, row in rows.items()
+                      if metric.startswith("4 shards: the group's capacity"))
+    assert target_row.met == (capacity.ratio >= 3.5)
+
+
+def test_without_a_line_there_is_no_projection():
+    results, group = results_with_group(1.0)
+    results.points = results.points[:1]
+    assert group_capacity(results, group) is None
