@@ -55,10 +55,10 @@ class KvEvent:
     block_size: int = 0
 
 
-# An event as the core makes it and the stores keep it: a tuple of plain values, the tokens
+# An event as the core makes it and the stores take it: a tuple of plain values, the tokens
 # packed (block_hash.py). A block enters and leaves a prefix cache on the allocator's hottest
-# path, and such a tuple costs a fraction of an event object; the collector also stops
-# scanning it after one pass, where it would walk every event object a store's ring keeps.
+# path, and such a tuple costs a fraction of an event object; plain values also let the
+# in-memory store keep a commit's events as one marshalled bytes object.
 #   (seq, type, executor_id, block_id, block_hash, parent_hash, tokens, reason, num_blocks,
 #    block_size)
 PackedEvent = tuple[int, int, str, int, bytes, bytes, bytes, str, int, int]

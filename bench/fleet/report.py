@@ -105,6 +105,22 @@ class FleetResults:
                                                         [p.cores for p in points])
         return intercept, slope
 
+    def cores_at(self, iteration_ms: float, store: str, executors: int) -> float | None:
+        """One allocator's cores at `executors`: interpolated between the two nearest of the
+        sweep's unsaturated points, from the line outside them. Near the small N of a group's
+        shards the points bend away from the line (one executor costs more there), so the
+        line alone would make a shard look dearer than one allocator at its load."""
+        line = self.cpu_line(iteration_ms, store)
+        if line is None:
+            return None
+        points = [p for p in self.of(iteration_ms, store) if not p.saturated]
+        for low, high in zip(points, points[1:]):
+            if low.executors <= executors <= high.executors:
+                share = (executors - low.executors) / (high.executors - low.executors)
+                return low.cores + share * (high.cores - low.cores)
+        fixed, per_executor = line
+        return fixed + per_executor * executors
+
     def largest_sustained(self, iteration_ms: float, store: str) -> int:
         return max((p.executors for p in self.of(iteration_ms, store) if p.sustained),
                    default=0)
@@ -211,7 +227,8 @@ class GroupCapacity:
 def group_capacity(results: FleetResults, point: Point) -> GroupCapacity | None:
     """The group's capacity from the replay and the single allocator's line (fixed + per
     executor × N cores): a shard of the group costs what one allocator costs at its executors,
-    times the efficiency the replay measured. The fleet grows an executor at a time (ids as the
+    times the efficiency the replay measured (the shards' CPU over one allocator's at the same
+    executors, cores_at). The fleet grows an executor at a time (ids as the
     replay names them, each to the shard rendezvous hashing gives it among this group's
     addresses) until the busiest shard would need more than a core. None without a line."""
     line = results.cpu_line(point.iteration_ms, "memory")
@@ -219,7 +236,8 @@ def group_capacity(results: FleetResults, point: Point) -> GroupCapacity | None:
     if line is None or not r.shard_targets or line[1] <= 0:
         return None
     fixed, per_executor = line
-    predicted = sum(fixed + per_executor * n for n in r.shard_executors) * r.window_s
+    predicted = sum(results.cores_at(point.iteration_ms, "memory", n) or 0.0
+                    for n in r.shard_executors) * r.window_s
     efficiency = sum(r.shard_cpu_s) / predicted
     fleet, spread = fleet_held(r.shard_targets, efficiency * fixed, efficiency * per_executor)
     others = sorted(fleet_held(other_group(len(r.shard_targets), seed), efficiency * fixed,
@@ -269,8 +287,8 @@ def group_rows(results: FleetResults) -> list[Row]:
         if capacity is None:
             continue
         target = TARGET_GROUP.get(shards)
-        rows.append(Row(f"{head}: the shards' CPU over one allocator's line at their "
-                        "executors", f"{capacity.efficiency:.2f}×"))
+        rows.append(Row(f"{head}: the shards' CPU over one allocator's at their executors "
+                        "(efficiency)", f"{capacity.efficiency:.2f}×"))
         rows.append(Row(f"{shards} shards: the largest fleet with no shard past a core "
                         "(executors per shard)",
                         f"{capacity.executors} ({' / '.join(map(str, capacity.spread))})"))

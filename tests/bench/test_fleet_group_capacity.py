@@ -71,3 +71,15 @@ def test_without_a_line_there_is_no_projection():
     results, group = results_with_group(1.0)
     results.points = results.points[:1]
     assert group_capacity(results, group) is None
+
+
+def test_one_allocators_cores_between_the_sweeps_points_and_beyond():
+    results = FleetResults("machine", "command", "workload", "timing")
+    for n, cores in ((8, 0.10), (32, 0.30), (64, 0.50)):
+        results.points.append(Point(20.0, "memory", ReplayResult(
+            n, WINDOW_S, steps=1, allocator_cpu_s=cores * WINDOW_S)))
+    assert math.isclose(results.cores_at(20.0, "memory", 16), 0.10 + 8 / 24 * 0.20)
+    assert math.isclose(results.cores_at(20.0, "memory", 64), 0.50)
+    fixed, per_executor = results.cpu_line(20.0, "memory")
+    assert math.isclose(results.cores_at(20.0, "memory", 100), fixed + per_executor * 100)
+    assert results.cores_at(5.0, "memory", 16) is None
