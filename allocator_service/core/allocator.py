@@ -26,10 +26,10 @@ class RecordedStep:
     """A step's result kept for answering its retries.
 
     Kept as one bytes object (marshal of plain tuples), which the cyclic collector never tracks.
-    Each executor's last 64 results live for seconds, so as tuples and objects (tens of
-    thousands of them in a fleet) every one would be walked by a collection at least once:
-    about a tenth of the allocator's CPU in a fleet replay. Retries and snapshots, which read
-    them, are rare.
+    Each executor's last 64 results live for seconds, so as tuples (tens of thousands of them in
+    a fleet) every one would be walked by a collection at least once; with the in-memory store's
+    kept events, that was about a tenth of the allocator's CPU in a fleet replay. Retries and
+    snapshots, which read them, are rare.
     """
 
     __slots__ = ("identity", "_packed")
@@ -45,7 +45,7 @@ class RecordedStep:
 
     @property
     def packed_result(self) -> tuple[int, tuple[tuple, ...]]:
-        """The result as plain values, without building it: (num_free_blocks, one
+        """The result as plain values, without building result objects: (num_free_blocks, one
         (status, message, block_table, num_cached_tokens, new_blocks, copies) per op)."""
         return marshal.loads(self._packed)
 
