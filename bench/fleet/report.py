@@ -210,7 +210,7 @@ def replayed_group_ratio(results: FleetResults, point: Point) -> float:
 class GroupCapacity:
     # One allocator: executors per core by the sweep's line.
     single: float
-    # The group's CPU over what one allocator's line gives for each shard's executors, summed.
+    # The shards' CPU over one allocator's at each shard's executors (cores_at), summed.
     efficiency: float
     # The largest fleet the group holds with no shard past a core, and its spread.
     executors: int
@@ -228,9 +228,9 @@ def group_capacity(results: FleetResults, point: Point) -> GroupCapacity | None:
     """The group's capacity from the replay and the single allocator's line (fixed + per
     executor × N cores): a shard of the group costs what one allocator costs at its executors,
     times the efficiency the replay measured (the shards' CPU over one allocator's at the same
-    executors, cores_at). The fleet grows an executor at a time (ids as the
-    replay names them, each to the shard rendezvous hashing gives it among this group's
-    addresses) until the busiest shard would need more than a core. None without a line."""
+    executors, cores_at). The fleet grows an executor at a time (ids as the replay names them,
+    each to the shard rendezvous hashing gives it among this group's addresses) until the
+    busiest shard would need more than a core. None without a line or the shards' CPU."""
     line = results.cpu_line(point.iteration_ms, "memory")
     r = point.result
     if line is None or not r.shard_targets or line[1] <= 0:
@@ -238,6 +238,8 @@ def group_capacity(results: FleetResults, point: Point) -> GroupCapacity | None:
     fixed, per_executor = line
     predicted = sum(results.cores_at(point.iteration_ms, "memory", n) or 0.0
                     for n in r.shard_executors) * r.window_s
+    if predicted <= 0 or sum(r.shard_cpu_s) <= 0:
+        return None
     efficiency = sum(r.shard_cpu_s) / predicted
     fleet, spread = fleet_held(r.shard_targets, efficiency * fixed, efficiency * per_executor)
     others = sorted(fleet_held(other_group(len(r.shard_targets), seed), efficiency * fixed,

@@ -83,3 +83,9 @@ def test_one_allocators_cores_between_the_sweeps_points_and_beyond():
     fixed, per_executor = results.cpu_line(20.0, "memory")
     assert math.isclose(results.cores_at(20.0, "memory", 100), fixed + per_executor * 100)
     assert results.cores_at(5.0, "memory", 16) is None
+
+
+def test_without_the_shards_cpu_there_is_no_projection():
+    results, group = results_with_group(1.0)
+    group.result.shard_cpu_s = []
+    assert group_capacity(results, group) is None
