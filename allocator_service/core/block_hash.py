@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import NewType
 
-from pagedserve.protocol.token_bytes import array_to_bytes, bytes_to_array
+from pagedserve.protocol.token_bytes import array_to_bytes, bytes_to_array, ids_to_bytes
 
 BlockHash = NewType("BlockHash", bytes)
 HASH_BYTES = 16
@@ -55,7 +55,7 @@ def chain_hash(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
 
 
 def pack_tokens(token_ids: Sequence[int]) -> PackedTokens:
-    return PackedTokens(array_to_bytes(array("i", token_ids)))
+    return PackedTokens(ids_to_bytes(token_ids))
 
 
 def unpack_tokens(tokens: PackedTokens) -> tuple[int, ...]:

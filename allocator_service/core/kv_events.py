@@ -55,8 +55,8 @@ class KvEvent:
     block_size: int = 0
 
 
-# An event as the core makes it and the stores take it: a tuple of plain values, the tokens
-# packed (block_hash.py). A block enters and leaves a prefix cache on the allocator's hottest
+# An event as the core makes it and the stores take it: a tuple of plain values (a reason is
+# its str value, not a PoolResetReason), the tokens packed (block_hash.py). A block enters and leaves a prefix cache on the allocator's hottest
 # path, and such a tuple costs a fraction of an event object; plain values also let the
 # in-memory store keep a commit's events as one marshalled bytes object.
 #   (seq, type, executor_id, block_id, block_hash, parent_hash, tokens, reason, num_blocks,
@@ -70,8 +70,8 @@ _RESET = int(KvEventType.POOL_RESET)
 
 def pack(event: KvEvent) -> PackedEvent:
     return (event.seq, int(event.type), event.executor_id, event.block_id, event.block_hash,
-            event.parent_hash, pack_tokens(event.token_ids), event.reason, event.num_blocks,
-            event.block_size)
+            event.parent_hash, pack_tokens(event.token_ids), str(event.reason),
+            event.num_blocks, event.block_size)
 
 
 def unpack(packed: PackedEvent) -> KvEvent:
@@ -90,7 +90,6 @@ class KvEventLog:
 
     def pool_reset(self, executor_id: str, reason: str, num_blocks: int = 0,
                    block_size: int = 0) -> None:
-        # str(): a PoolResetReason's value, so the event holds plain values only.
         self.pending.append((self.next_seq(), _RESET, executor_id, 0, b"", b"", b"", str(reason),
                              num_blocks, block_size))
 

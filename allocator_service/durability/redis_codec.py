@@ -54,10 +54,6 @@ def seq_of(entry_id_: bytes) -> int:
 
 # -- journal -----------------------------------------------------------------------------------
 
-def command_fields(command: Command) -> dict[bytes, bytes]:
-    return {b"kind": command.kind.encode(), b"body": command.body}
-
-
 def journal_xadd(keys: Keys, seq: int, command: Command) -> tuple[str | bytes, ...]:
     """The XADD (its arguments) that journals command number `seq`."""
     return ("XADD", keys.journal, entry_id(seq), b"kind", command.kind.encode(), b"body",
@@ -134,7 +130,7 @@ def encode_events(events: list[PackedEvent]) -> bytes:
                          f'"hash":"{block_hash.hex()}"}}')
         else:
             parts.append(f'{{{kind},"executor":{executor},'
-                         f'"reason":{json.dumps(str(reason))},"num_blocks":{num_blocks},'
+                         f'"reason":{json.dumps(reason)},"num_blocks":{num_blocks},'
                          f'"block_size":{block_size}}}')
     return f"[{','.join(parts)}]".encode()
 

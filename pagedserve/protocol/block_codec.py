@@ -5,19 +5,12 @@ its journal) decode ops and encode results. One module, so the two sides cannot 
 """
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable, Sequence
 
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
                                            OpResult, OpStatus, StepResult)
-from pagedserve.protocol.token_bytes import TOKEN_BYTES, array_to_bytes, bytes_to_array
-
-
-def pack_token_ids(token_ids: Sequence[int]) -> bytes:
-    """An op's packed_token_ids. Raises OverflowError for an id outside int32, as the repeated
-    field would."""
-    return array_to_bytes(array("i", token_ids))
+from pagedserve.protocol.token_bytes import TOKEN_BYTES, bytes_to_array, ids_to_bytes
 
 
 def _token_ids(op: pb.AllocateOp | pb.AppendOp, index: int) -> Sequence[int]:
@@ -38,11 +31,11 @@ def _token_ids(op: pb.AllocateOp | pb.AppendOp, index: int) -> Sequence[int]:
 def op_to_proto(op: BlockOp) -> pb.BlockOp:
     if isinstance(op, AppendOp):
         return pb.BlockOp(append=pb.AppendOp(
-            seq_id=op.seq_id, packed_token_ids=pack_token_ids(op.token_ids),
+            seq_id=op.seq_id, packed_token_ids=ids_to_bytes(op.token_ids),
             lookahead_slots=op.lookahead_slots, num_computed_tokens=op.num_computed_tokens))
     if isinstance(op, AllocateOp):
         return pb.BlockOp(allocate=pb.AllocateOp(
-            seq_id=op.seq_id, packed_token_ids=pack_token_ids(op.token_ids),
+            seq_id=op.seq_id, packed_token_ids=ids_to_bytes(op.token_ids),
             cache_salt=op.cache_salt, lookahead_slots=op.lookahead_slots))
     if isinstance(op, ForkOp):
         return pb.BlockOp(fork=pb.ForkOp(parent_seq_id=op.parent_seq_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from collections.abc import Sequence
 
 TOKEN_BYTES = 4
 _NATIVE_IS_LITTLE_ENDIAN = sys.byteorder == "little"
@@ -21,6 +22,12 @@ def array_to_bytes(token_ids: array[int]) -> bytes:
     swapped = array("i", token_ids)
     swapped.byteswap()
     return swapped.tobytes()
+
+
+def ids_to_bytes(token_ids: Sequence[int]) -> bytes:
+    """The packed form of any sequence of ids. Raises OverflowError for an id outside int32,
+    as the proto's repeated int32 field would."""
+    return array_to_bytes(array("i", token_ids))
 
 
 def bytes_to_array(packed: bytes) -> array[int]:
