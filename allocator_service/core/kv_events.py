@@ -56,9 +56,10 @@ class KvEvent:
 
 
 # An event as the core makes it and the stores take it: a tuple of plain values (a reason is
-# its str value, not a PoolResetReason), the tokens packed (block_hash.py). A block enters and leaves a prefix cache on the allocator's hottest
-# path, and such a tuple costs a fraction of an event object; plain values also let the
-# in-memory store keep a commit's events as one marshalled bytes object.
+# its str value, not a PoolResetReason), the tokens packed (block_hash.py). A block enters and
+# leaves a prefix cache on the allocator's hottest path, and such a tuple costs a fraction of an
+# event object; plain values also let the in-memory store keep a commit's events as one
+# marshalled bytes object.
 #   (seq, type, executor_id, block_id, block_hash, parent_hash, tokens, reason, num_blocks,
 #    block_size)
 PackedEvent = tuple[int, int, str, int, bytes, bytes, bytes, str, int, int]

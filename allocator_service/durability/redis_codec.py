@@ -19,6 +19,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from allocator_service.core.block_hash import PackedTokens, unpack_tokens
 from allocator_service.core.kv_events import KvEvent, KvEventType, PackedEvent
 from allocator_service.durability.commands import Command
@@ -62,6 +64,19 @@ def journal_xadd(keys: Keys, seq: int, command: Command) -> tuple[str | bytes, .
 
 def command_from_fields(fields: dict[bytes, bytes]) -> Command:
     return Command(fields[b"kind"].decode(), fields[b"body"])
+
+
+def connected_run_id(connection: Any) -> bytes:
+    """Completes a new connection (a redis-py `redis_connect_func`) and returns the server's
+    run_id, which changes whenever Redis restarts."""
+    connection.on_connect()
+    connection.send_command("INFO", "server")
+    server_info: bytes = connection.read_response()
+    for line in server_info.splitlines():
+        if line.startswith(b"run_id:"):
+            return line.split(b":", 1)[1].strip()
+    # A Redis error, so that a connection refused for it reads as one to every caller.
+    raise redis.ResponseError("INFO server has no run_id")
 
 
 # -- snapshot ----------------------------------------------------------------------------------

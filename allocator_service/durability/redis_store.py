@@ -3,7 +3,7 @@
     commit(seq N)   MULTI  XADD journal N-0 {kind, body}
                            XADD events  E-0 {...} for each KV event of the command
                     EXEC   ← the reply to the caller goes out only after this
-    every --snapshot-every commands (in the background)
+    every --snapshot-every commands, from a forked copy of the process (snapshot_writer.py)
                     MULTI  SET snapshot <state at seq S>; HSET meta snapshot_seq S;
                            XTRIM journal MINID S+1   EXEC
     load            GET snapshot, then replay the journal after it, in order, without gaps
@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +39,8 @@ from allocator_service.core.allocator import Allocator
 from allocator_service.core.kv_events import KvEvent, PackedEvent
 from allocator_service.durability import commands, redis_codec, snapshot
 from allocator_service.durability.commands import Command
+from allocator_service.durability.snapshot_writer import (SnapshotTarget, SnapshotWriter,
+                                                          add_snapshot)
 from allocator_service.durability.state_store import StateStore, StoreUnreachable
 from pagedserve.common.config import redacted
 from pagedserve.common.errors import Unavailable
@@ -83,8 +83,8 @@ class RedisStore(StateStore):
             retry=Retry(NoBackoff(), 0))
         self.applied_seq = 0  # last command applied in memory
         self.durable_seq = 0  # last command Redis acknowledged
-        self.snapshot_seq = 0  # last snapshot written
-        self._captured_seq = 0  # last snapshot captured (written, or on its way)
+        self.snapshots = SnapshotWriter(SnapshotTarget(url, self.keys, timeout_s))
+        self._snapshot_started_seq = 0  # the command the last snapshot started at
         self.pending: _Pending | None = None
         # The connection commits go through (see _write), taken from the client's pool.
         self._commit_connection: Any = None
@@ -95,17 +95,11 @@ class RedisStore(StateStore):
         self._down_reason = "state not loaded yet"
         self._down_since = time.monotonic()
         self._server_run_id: bytes | None = None  # None: accept any server (while reconciling)
-        self._snapshots: queue.Queue[tuple[int, dict[str, Any]] | None] = queue.Queue(maxsize=1)
-        self._snapshot_lock = threading.Lock()
-        self._snapshot_writer = threading.Thread(target=self._write_snapshots,
-                                                 name="snapshot-writer", daemon=True)
 
     # -- connections ---------------------------------------------------------------------------
 
     def _check_server(self, connection: Any) -> None:
-        connection.on_connect()
-        connection.send_command("INFO", "server")
-        run_id = _run_id(connection.read_response())
+        run_id = redis_codec.connected_run_id(connection)
         # Until reconcile (under the state lock) has looked at the new server, every connection
         # to it is refused, whichever thread makes it.
         if self._server_run_id is not None and run_id != self._server_run_id:
@@ -147,7 +141,7 @@ class RedisStore(StateStore):
             if len(entries) < REPLAY_BATCH:
                 break
         self.applied_seq = self.durable_seq = seq
-        self.snapshot_seq = snapshot_seq
+        self.snapshots.mark_written(snapshot_seq)
         self._server_run_id = self._current_run_id()
         last_event = self._last_event_seq()
         if last_event > core.events.last_seq:
@@ -157,7 +151,7 @@ class RedisStore(StateStore):
             self._reseed(core, f"event stream ends at {last_event}, state at "
                                f"{core.events.last_seq}")
         self.loaded = self.available = True
-        self._snapshot_writer.start()
+        self.snapshots.start()
         log.info("state loaded from %s: snapshot at %d, %d journal entries replayed, %d pools",
                  self.description, snapshot_seq, seq - snapshot_seq, len(core.executors))
 
@@ -184,14 +178,11 @@ class RedisStore(StateStore):
                 f"({reason}); it is kept and written once the store is back. Retry later: a "
                 "Step retried with the same step_id gets its recorded result") from error
         self.durable_seq = seq
-        if seq - max(self.snapshot_seq, self._captured_seq) >= self.snapshot_every:
-            # Counted from the last capture, not the last write: the write takes a while, and
-            # capturing again meanwhile would stall a step for nothing.
-            self._captured_seq = seq
-            try:
-                self._snapshots.put_nowait((seq, snapshot.capture(core)))
-            except queue.Full:  # the writer is far behind; the next interval tries again
-                pass
+        # Counted from the last snapshot started, not the last written: one takes a while. While
+        # it is still being made, the next commit asks again.
+        if (seq - max(self.snapshots.written_seq, self._snapshot_started_seq)
+                >= self.snapshot_every and self.snapshots.offer(core, seq, self._server_run_id)):
+            self._snapshot_started_seq = seq
 
     def _write(self, seq: int, command: Command, events: list[PackedEvent]) -> None:
         """MULTI, the journal's XADD, the events' XADD, EXEC: sent as one write on a connection
@@ -299,15 +290,15 @@ class RedisStore(StateStore):
         log.error("state store %s lost data (%s); writing a fresh snapshot from memory",
                   self.description, why)
         core.announce_every_index()
-        with self._snapshot_lock:
-            pipe = self.client.pipeline(transaction=True)
-            self._add_snapshot(pipe, self.applied_seq, snapshot.capture(core))
-            events = core.events.take()
-            if events:
-                pipe.execute_command(*redis_codec.events_xadd(self.keys, events,
-                                                              self._trim_below(events)))
-            pipe.execute()
-            self.snapshot_seq = self.applied_seq
+        pipe = self.client.pipeline(transaction=True)
+        add_snapshot(pipe, self.keys, self.applied_seq,
+                     redis_codec.encode_snapshot(snapshot.capture(core)))
+        events = core.events.take()
+        if events:
+            pipe.execute_command(*redis_codec.events_xadd(self.keys, events,
+                                                          self._trim_below(events)))
+        pipe.execute()
+        self.snapshots.mark_written(self.applied_seq)
 
     def _stored_seq(self) -> int:
         snapshot_seq = int(self.client.hget(self.keys.meta, "snapshot_seq") or 0)
@@ -317,33 +308,6 @@ class RedisStore(StateStore):
     def _last_event_seq(self) -> int:
         last = self.client.xrevrange(self.keys.events, count=1)
         return redis_codec.entry_last_seq(*last[0]) if last else 0
-
-    # -- snapshots -----------------------------------------------------------------------------
-
-    def _add_snapshot(self, pipe: Any, seq: int, data: dict[str, Any]) -> None:
-        pipe.set(self.keys.snapshot, redis_codec.encode_snapshot(data))
-        pipe.hset(self.keys.meta, mapping={"snapshot_seq": seq,
-                                           "format": snapshot.FORMAT_VERSION})
-        pipe.xtrim(self.keys.journal, minid=redis_codec.entry_id(seq + 1), approximate=False)
-
-    def _write_snapshots(self) -> None:
-        """Encodes and writes captured snapshots off the lock; a failed one waits for the next."""
-        while (item := self._snapshots.get()) is not None:
-            seq, data = item
-            started = time.perf_counter()
-            with self._snapshot_lock:
-                if seq <= self.snapshot_seq:
-                    continue  # a reseed wrote a newer one meanwhile
-                try:
-                    pipe = self.client.pipeline(transaction=True)
-                    self._add_snapshot(pipe, seq, data)
-                    pipe.execute()
-                except redis.RedisError as error:
-                    log.warning("snapshot at %d not written: %s", seq, error)
-                    continue
-                self.snapshot_seq = seq
-            log.info("snapshot at %d written in %.0f ms", seq,
-                     1000 * (time.perf_counter() - started))
 
     # -- events --------------------------------------------------------------------------------
 
@@ -375,9 +339,7 @@ class RedisStore(StateStore):
                 if event.seq >= from_seq]
 
     def close(self) -> None:
-        if self._snapshot_writer.is_alive():
-            self._snapshots.put(None)
-            self._snapshot_writer.join(timeout=10)
+        self.snapshots.close()
         if self._commit_connection is not None:
             self._commit_connection.disconnect()
         self.client.close()
@@ -389,10 +351,3 @@ def _describe(error: redis.RedisError) -> str:
     text = str(error)
     marker = "of pipeline caused error: "
     return text.split(marker, 1)[1] if marker in text else text
-
-
-def _run_id(info: bytes) -> bytes:
-    for line in info.splitlines():
-        if line.startswith(b"run_id:"):
-            return line.split(b":", 1)[1].strip()
-    raise redis.ResponseError("INFO server has no run_id")
