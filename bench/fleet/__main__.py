@@ -8,7 +8,8 @@ each N of the sweep, a fresh allocator (in memory, then durable on Redis, the or
 from one N to the next) serves N replayed executors. A store's sweep stops at its first
 saturated point. At the first iteration time, an allocator group (--group-shards shards, in
 memory) then serves --group-executors replayed executors, each registered with the shard its id
-hashes to. Writes `## Fleet` of docs/benchmarks.md and docs/img/fleet_bench.png.
+hashes to, and one more durable allocator serves --snapshot-executors taking snapshots at the
+default interval. Writes `## Fleet` of docs/benchmarks.md and docs/img/fleet_bench.png.
 """
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from allocator_service.core.compiled_build import compiled_package_dir
-from bench.fleet.capacity import STORES, Timing, record, replay_point
+from allocator_service.server.config import build_parser as allocator_flags
+from bench.fleet.capacity import STORES, Snapshots, Timing, record, replay_point
 from bench.fleet.plot import write_plot
 from bench.fleet.replay import TRANSPORTS
 from bench.fleet.report import (FleetResults, Point, Recording, group_rows, section_body,
-                                summary_rows)
+                                snapshot_rows, summary_rows)
 from bench.fleet.workload import FleetWorkload
 from bench.report import (add_output_flags, command_line, image_link, machine_description,
                           output_paths, replace_section, text_table, today)
@@ -57,6 +59,27 @@ def compare_intervals(results: FleetResults, it: float, streams: list, args, tim
         progress.update(1)
 
 
+def replay_group(results: FleetResults, it: float, streams: list, args, timing: Timing,
+                 work: Path, progress) -> None:
+    """The group's replay between two of one allocator at as many executors as a shard has on
+    average: the group's efficiency is measured against them, side by side."""
+    per_shard = max(1, round(args.group_executors / args.group_shards))
+    for step in ("before", "group", "after"):
+        if step == "group":
+            progress.set_description(f"{it:g} ms: {args.group_executors} executors, "
+                                     f"{args.group_shards} shards")
+            results.group_points.append(Point(it, "memory", replay_point(
+                streams, args.group_executors, "memory", timing, work, seed=77,
+                shards=args.group_shards, transport=args.transport)))
+        else:
+            progress.set_description(f"{it:g} ms: {per_shard} executors, one allocator, "
+                                     f"{step} the group")
+            results.group_references.append(Point(it, "memory", replay_point(
+                streams, per_shard, "memory", timing, work, seed=77,
+                transport=args.transport)))
+        progress.update(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations-ms", default="20,5",
@@ -85,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
                              "time (0: none)")
     parser.add_argument("--group-executors", type=int, default=96,
                         help="executors replayed against the allocator group")
+    parser.add_argument("--snapshot-executors", type=int, default=24,
+                        help="executors replayed at the first iteration time against a durable "
+                             "allocator that takes snapshots (0: none)")
+    parser.add_argument("--snapshot-every", type=int,
+                        default=allocator_flags().get_default("snapshot_every"),
+                        help="that allocator's --snapshot-every (default: the allocator's)")
     add_output_flags(parser)
     args = parser.parse_args(argv)
     timing = QUICK if args.quick else Timing()
@@ -108,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(scratch)
         compare = args.baseline_interval > 0
         group = args.group_shards > 0
-        total = len(iterations) * (1 + len(sweep) * len(stores) + (3 if compare else 0)) + group
+        snapshotting = args.snapshot_executors > 0 and "redis" in stores
+        total = (len(iterations) * (1 + len(sweep) * len(stores) + (3 if compare else 0))
+                 + 3 * group + snapshotting)
         with tqdm(total=total, unit="run", file=sys.stderr) as progress:
             for it in iterations:
                 progress.set_description(f"{it:g} ms: recording {args.recorders} executors")
@@ -131,15 +162,21 @@ def main(argv: list[str] | None = None) -> int:
                                 saturated.add(store)
                         progress.update(1)
                 if group and it == iterations[0]:
-                    progress.set_description(f"{it:g} ms: {args.group_executors} executors, "
-                                             f"{args.group_shards} shards")
-                    results.group_points.append(Point(it, "memory", replay_point(
-                        streams, args.group_executors, "memory", timing, work, seed=77,
-                        shards=args.group_shards, transport=args.transport)))
+                    replay_group(results, it, streams, args, timing, work, progress)
+                if snapshotting and it == iterations[0]:
+                    progress.set_description(f"{it:g} ms: {args.snapshot_executors} executors, "
+                                             "redis, with snapshots")
+                    snapshots = Snapshots(args.snapshot_every)
+                    results.snapshot_points.append((Point(it, "redis", replay_point(
+                        streams, args.snapshot_executors, "redis", timing, work,
+                        # The sweep's seed at this N: the same start times, for comparison.
+                        seed=(sweep.index(args.snapshot_executors)
+                              if args.snapshot_executors in sweep else 55),
+                        transport=args.transport, snapshots=snapshots)), snapshots))
                     progress.update(1)
                 if compare:
                     compare_intervals(results, it, streams, args, timing, work, progress)
-    print(text_table(summary_rows(results) + group_rows(results)))
+    print(text_table(summary_rows(results) + group_rows(results) + snapshot_rows(results)))
     if out_png is not None:
         write_plot(results, out_png)
         print(f"plot: {out_png}")

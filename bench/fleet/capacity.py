@@ -10,10 +10,11 @@ by another's work:
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.fleet.replay import ReplayResult
@@ -22,8 +23,13 @@ from pagedserve.supervisor.service_process import AllocatorProcess
 
 # No pool of a replay is reclaimed while the driver is still registering the others.
 LEASE_TTL = "600"
-# A snapshot's capture stalls the Step that triggers it; its cost is the durability benchmark's.
-NO_SNAPSHOTS = str(10**9)
+# The sweep's durable allocators take no snapshot: each one's child process would take a core of
+# this 2-core machine for seconds (durability.md). Their cost is measured apart (`snapshots` of
+# replay_point).
+NO_SNAPSHOTS = 10**9
+# A snapshot's log line (allocator_service/durability/snapshot_writer.py).
+SNAPSHOT_LINE = re.compile(r"snapshot at \d+ written in (\d+) ms, by a child process forked in "
+                           r"([\d.]+) ms")
 STORES = ("memory", "redis")
 
 
@@ -59,19 +65,37 @@ def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
     return paths, summaries
 
 
+@dataclass(slots=True)
+class Snapshots:
+    """The snapshots a durable allocator wrote during a replay, from its log."""
+    every: int
+    # Per snapshot: how long fork() held the Step that asked for it, and the time from the
+    # fork to the snapshot written.
+    fork_ms: list[float] = field(default_factory=list)
+    written_ms: list[float] = field(default_factory=list)
+
+    def read_log(self, log: str) -> None:
+        for written, forked in SNAPSHOT_LINE.findall(log):
+            self.written_ms.append(float(written))
+            self.fork_ms.append(float(forked))
+
+
 def replay_point(streams: list[Path], executors: int, store: str, timing: Timing,
                  work_dir: Path, seed: int = 0, shards: int = 1,
-                 transport: str = "channel") -> ReplayResult:
+                 transport: str = "channel", snapshots: Snapshots | None = None
+                 ) -> ReplayResult:
     """One replay of `executors` executors against a fresh allocator with `store`, or a fresh
     allocator group of `shards` (durable ones share one Redis, a namespace each); Steps over
-    `transport` (replay.py's --transport)."""
+    `transport` (replay.py's --transport). Durable allocators take no snapshot, unless
+    `snapshots` is given: then every `snapshots.every` commands, and it collects their times."""
     result_path = work_dir / f"replay-{streams[0].stem}-{store}-{executors}-s{shards}.json"
     with ExitStack() as stack:
         args = ["--lease-ttl", LEASE_TTL]
         if store == "redis":
             redis_server = stack.enter_context(RedisProcess(
                 work_dir / f"redis-{executors}-s{shards}", appendfsync="everysec"))
-            args += ["--state-url", redis_server.url, "--snapshot-every", NO_SNAPSHOTS]
+            every = snapshots.every if snapshots is not None else NO_SNAPSHOTS
+            args += ["--state-url", redis_server.url, "--snapshot-every", str(every)]
         allocators = [stack.enter_context(AllocatorProcess(
             *args, *(["--state-namespace", f"fleet:shard-{index}"] if store == "redis" else [])))
             for index in range(shards)]
@@ -84,4 +108,7 @@ def replay_point(streams: list[Path], executors: int, store: str, timing: Timing
              "--spread-s", str(timing.spread_s), "--seed", str(seed), "--transport", transport,
              "--out", str(result_path),
              *map(str, streams)], check=True)
+        if snapshots is not None:
+            for allocator in allocators:
+                snapshots.read_log(allocator.stderr_tail(10_000))
     return ReplayResult(**json.loads(result_path.read_text()))

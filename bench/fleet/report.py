@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from bench.fleet.capacity import Snapshots
 from bench.fleet.replay import ReplayResult, replayed_executor_id
 from bench.report import Row, markdown_table, percentile
 from pagedserve.common.allocator_shards import shard_of
@@ -81,6 +82,11 @@ class FleetResults:
     interval_points: list[tuple[int, Point]] = field(default_factory=list)
     # Replays against an allocator group (several shards), in memory.
     group_points: list[Point] = field(default_factory=list)
+    # One allocator, in memory, at a group's executors per shard, replayed right before and
+    # right after the group: what a shard would cost alone under the same machine load.
+    group_references: list[Point] = field(default_factory=list)
+    # Durable replays that took snapshots, and their snapshots.
+    snapshot_points: list[tuple[Point, Snapshots]] = field(default_factory=list)
 
     def of(self, iteration_ms: float, store: str) -> list[Point]:
         return sorted((p for p in self.points if p.iteration_ms == iteration_ms
@@ -104,22 +110,6 @@ class FleetResults:
         slope, intercept = statistics.linear_regression([p.executors for p in points],
                                                         [p.cores for p in points])
         return intercept, slope
-
-    def cores_at(self, iteration_ms: float, store: str, executors: int) -> float | None:
-        """One allocator's cores at `executors`: interpolated between the two nearest of the
-        sweep's unsaturated points, from the line outside them. Near the small N of a group's
-        shards the points bend away from the line (one executor costs more there), so the
-        line alone would make a shard look dearer than one allocator at its load."""
-        line = self.cpu_line(iteration_ms, store)
-        if line is None:
-            return None
-        points = [p for p in self.of(iteration_ms, store) if not p.saturated]
-        for low, high in zip(points, points[1:]):
-            if low.executors <= executors <= high.executors:
-                share = (executors - low.executors) / (high.executors - low.executors)
-                return low.cores + share * (high.cores - low.cores)
-        fixed, per_executor = line
-        return fixed + per_executor * executors
 
     def largest_sustained(self, iteration_ms: float, store: str) -> int:
         return max((p.executors for p in self.of(iteration_ms, store) if p.sustained),
@@ -210,7 +200,7 @@ def replayed_group_ratio(results: FleetResults, point: Point) -> float:
 class GroupCapacity:
     # One allocator: executors per core by the sweep's line.
     single: float
-    # The shards' CPU over one allocator's at each shard's executors (cores_at), summed.
+    # The shards' CPU per executor over one allocator's at the same executors per process.
     efficiency: float
     # The largest fleet the group holds with no shard past a core, and its spread.
     executors: int
@@ -224,23 +214,36 @@ class GroupCapacity:
         return self.executors / self.single
 
 
+def group_efficiency(results: FleetResults, point: Point) -> float | None:
+    """The shards' CPU per executor over one allocator's at the same executors per process,
+    measured side by side: one allocator replayed at the group's executors per shard right
+    before and right after the group, so that both sides see the same machine (on a shared
+    machine the cost per executor drifts by 10 % or more between the sweep and the group's
+    run). None without those replays or the shards' CPU."""
+    r = point.result
+    references = [p for p in results.group_references
+                  if p.iteration_ms == point.iteration_ms and p.cores > 0]
+    if not references or not r.shard_executors or sum(r.shard_cpu_s) <= 0:
+        return None
+    alone = statistics.mean(p.cpu_per_executor for p in references)
+    return sum(r.shard_cpu_s) / r.window_s / sum(r.shard_executors) / alone
+
+
 def group_capacity(results: FleetResults, point: Point) -> GroupCapacity | None:
     """The group's capacity from the replay and the single allocator's line (fixed + per
     executor × N cores): a shard of the group costs what one allocator costs at its executors,
-    times the efficiency the replay measured (the shards' CPU over one allocator's at the same
-    executors, cores_at). The fleet grows an executor at a time (ids as the replay names them,
-    each to the shard rendezvous hashing gives it among this group's addresses) until the
-    busiest shard would need more than a core. None without a line or the shards' CPU."""
+    times the efficiency the replay measured (group_efficiency). The fleet grows an executor at
+    a time (ids as the replay names them, each to the shard rendezvous hashing gives it among
+    this group's addresses) until the busiest shard would need more than a core. None without a
+    line, the replays beside the group or the shards' CPU."""
     line = results.cpu_line(point.iteration_ms, "memory")
     r = point.result
     if line is None or not r.shard_targets or line[1] <= 0:
         return None
     fixed, per_executor = line
-    predicted = sum(results.cores_at(point.iteration_ms, "memory", n) or 0.0
-                    for n in r.shard_executors) * r.window_s
-    if predicted <= 0 or sum(r.shard_cpu_s) <= 0:
+    efficiency = group_efficiency(results, point)
+    if efficiency is None:
         return None
-    efficiency = sum(r.shard_cpu_s) / predicted
     fleet, spread = fleet_held(r.shard_targets, efficiency * fixed, efficiency * per_executor)
     others = sorted(fleet_held(other_group(len(r.shard_targets), seed), efficiency * fixed,
                                efficiency * per_executor)[0] for seed in range(OTHER_GROUPS))
@@ -285,12 +288,18 @@ def group_rows(results: FleetResults) -> list[Row]:
         rows.append(Row(f"{head}: capacity over one allocator's at this N (N × median CPU "
                         "per executor / busiest shard's cores)",
                         f"{replayed_group_ratio(results, point):.2f}×"))
+        references = [p for p in results.group_references if p.iteration_ms == it]
+        if references:
+            rows.append(Row(f"{it:g} ms, memory, one allocator at {references[0].executors} "
+                            "executors, right before and right after: CPU per executor-second",
+                            " / ".join(f"{p.cpu_per_executor * 1000:.1f} ms"
+                                       for p in references)))
         capacity = group_capacity(results, point)
         if capacity is None:
             continue
         target = TARGET_GROUP.get(shards)
-        rows.append(Row(f"{head}: the shards' CPU over one allocator's at their executors "
-                        "(efficiency)", f"{capacity.efficiency:.2f}×"))
+        rows.append(Row(f"{head}: the shards' CPU per executor over one allocator's at as many "
+                        "executors per process (efficiency)", f"{capacity.efficiency:.2f}×"))
         rows.append(Row(f"{shards} shards: the largest fleet with no shard past a core "
                         "(executors per shard)",
                         f"{capacity.executors} ({' / '.join(map(str, capacity.spread))})"))
@@ -302,6 +311,28 @@ def group_rows(results: FleetResults) -> list[Row]:
                         "median / 5th percentile",
                         f"{capacity.median_executors / capacity.single:.2f}× / "
                         f"{capacity.low_executors / capacity.single:.2f}×"))
+    return rows
+
+
+def snapshot_rows(results: FleetResults) -> list[Row]:
+    rows = []
+    for point, snapshots in results.snapshot_points:
+        r, it = point.result, point.iteration_ms
+        head = f"{it:g} ms, redis, {r.executors} executors"
+        forks = snapshots.fork_ms
+        rows.append(Row(f"{head}, --snapshot-every {snapshots.every:,}: snapshots written; "
+                        "fork (median / max); fork to written (median)",
+                        f"{len(forks)}; {statistics.median(forks):.1f} / {max(forks):.1f} ms; "
+                        f"{statistics.median(snapshots.written_ms) / 1000:.1f} s" if forks
+                        else "0"))
+        without = [p for p in results.of(it, "redis") if p.executors == r.executors]
+        for label, each in ([("with snapshots", point)]
+                            + [("without (the sweep's point)", p) for p in without]):
+            latencies = each.result.latencies_ms
+            rows.append(Row(f"{head}, {label}: Step p50 / p99 / max, stalls, behind",
+                            f"{each.p50_ms:.2f} / {each.p99_ms:.2f} / "
+                            f"{max(latencies, default=0.0):.1f} ms, {each.result.stalls}, "
+                            f"{each.result.behind}"))
     return rows
 
 
@@ -334,6 +365,10 @@ def section_body(results: FleetResults, image: str) -> str:
         "An allocator group: the executors spread over the shards by rendezvous hashing "
         "of their ids, one replay against fresh shards:", "",
         markdown_table(group_rows(results)), "",
+        "Snapshots: the sweep's durable allocators take none; one more durable replay takes "
+        "them at the default interval, each by a forked child "
+        "([durability.md](durability.md#what-is-stored-under-which-keys)):", "",
+        markdown_table(snapshot_rows(results)), "",
         "Every replayed point (N executors, one fresh allocator each):", "",
         point_table(results), "",
         image, ""])

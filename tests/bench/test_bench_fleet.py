@@ -5,6 +5,7 @@ asserted; counts are."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import statistics
@@ -15,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from bench.fleet import profile
-from bench.fleet.replay import replay
+from bench.fleet.replay import replay, replayed_executor_id
 from bench.fleet.step_stream import StepStream
 from bench.fleet.workload import FleetWorkload, draw_requests
 from pagedserve.allocator.v1 import allocator_pb2 as pb
@@ -90,16 +91,21 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsy
 
     # An allocator group: each replayed executor registers with the shard its id hashes to.
     with Shards.start(2, "--lease-ttl", "600") as shards:
-        result = asyncio.run(replay(shards.addresses, [stream], 6, warmup_s=0.0,
+        # The ports, and so the owners, change every run: replay at least 6 executors, and as
+        # many more as it takes for each shard to own one (6 all land on one shard 1 run in 32).
+        executors = next(count for count in itertools.count(6)
+                         if len({shard_of(replayed_executor_id(k), shards.addresses)
+                                 for k in range(count)}) == 2)
+        result = asyncio.run(replay(shards.addresses, [stream], executors, warmup_s=0.0,
                                     measure_s=6.0, spread_s=0.5,
                                     allocator_pids=[p.process.pid for p in shards.processes]))
         listed = [sorted(shards.epochs(index)) for index in range(2)]
         problems = [audit(address) for address in shards.addresses]
-    owners = [shard_of(f"replay-{k}", shards.addresses) for k in range(6)]
-    assert listed == [sorted(f"replay-{k}" for k in range(6) if owners[k] == address)
-                      for address in shards.addresses]
+    owners = [shard_of(replayed_executor_id(k), shards.addresses) for k in range(executors)]
+    assert listed == [sorted(replayed_executor_id(k) for k in range(executors)
+                             if owners[k] == address) for address in shards.addresses]
     assert result.shard_executors == [len(ids) for ids in listed]
-    assert result.mismatches == 0 and result.steps == 6 * len(stream.steps)
+    assert result.mismatches == 0 and result.steps == executors * len(stream.steps)
     assert len(result.shard_cpu_s) == 2 and result.allocator_cpu_s == sum(result.shard_cpu_s)
     assert problems == [[], []]
 
@@ -144,6 +150,7 @@ def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
                    "20 ms, memory: allocator CPU per executor-second",
                    "20 ms, memory: largest N replayed with 0 stalls",
                    "20 ms, memory, 2 shards, 3 executors: executors per shard",
+                   "20 ms, memory, one allocator at 2 executors, right before and right after",
                    "20 ms, memory, 2 shards, 3 executors: capacity over one allocator's at "
                    "this N"):
         assert metric in run.stdout

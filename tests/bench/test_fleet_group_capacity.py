@@ -25,6 +25,12 @@ def results_with_group(shard_cores_scale: float) -> tuple[FleetResults, Point]:
         40, WINDOW_S, steps=1, shard_targets=SHARDS, shard_executors=spread,
         shard_cpu_s=[c * WINDOW_S for c in cores], allocator_cpu_s=sum(cores) * WINDOW_S))
     results.group_points.append(group)
+    # One allocator replayed beside the group at its executors per shard, costing the line.
+    per_shard = 40 // len(SHARDS)
+    for _ in ("before", "after"):
+        results.group_references.append(Point(20.0, "memory", ReplayResult(
+            per_shard, WINDOW_S, steps=1,
+            allocator_cpu_s=(FIXED + PER_EXECUTOR * per_shard) * WINDOW_S)))
     return results, group
 
 
@@ -73,19 +79,34 @@ def test_without_a_line_there_is_no_projection():
     assert group_capacity(results, group) is None
 
 
-def test_one_allocators_cores_between_the_sweeps_points_and_beyond():
-    results = FleetResults("machine", "command", "workload", "timing")
-    for n, cores in ((8, 0.10), (32, 0.30), (64, 0.50)):
-        results.points.append(Point(20.0, "memory", ReplayResult(
-            n, WINDOW_S, steps=1, allocator_cpu_s=cores * WINDOW_S)))
-    assert math.isclose(results.cores_at(20.0, "memory", 16), 0.10 + 8 / 24 * 0.20)
-    assert math.isclose(results.cores_at(20.0, "memory", 64), 0.50)
-    fixed, per_executor = results.cpu_line(20.0, "memory")
-    assert math.isclose(results.cores_at(20.0, "memory", 100), fixed + per_executor * 100)
-    assert results.cores_at(5.0, "memory", 16) is None
-
-
 def test_without_the_shards_cpu_there_is_no_projection():
     results, group = results_with_group(1.0)
     group.result.shard_cpu_s = []
     assert group_capacity(results, group) is None
+
+
+def test_without_the_replays_beside_the_group_there_is_no_projection():
+    results, group = results_with_group(1.0)
+    results.group_references = []
+    assert group_capacity(results, group) is None
+
+
+def test_efficiency_is_measured_against_one_allocator_replayed_beside_the_group():
+    # The sweep ran on a quieter machine: the shards cost 1.3 times its line. One allocator
+    # replayed right before and right after the group, at 10 executors, cost 1.2 and 1.4 times
+    # the line's per-executor figure at 10: the group is as efficient as that, not 1.3 times
+    # dearer.
+    results, group = results_with_group(1.3)
+    results.group_references = []
+    alone = (FIXED + PER_EXECUTOR * 10) / 10
+    for scale in (1.2, 1.4):
+        results.group_references.append(Point(20.0, "memory", ReplayResult(
+            10, WINDOW_S, steps=1, allocator_cpu_s=alone * scale * 10 * WINDOW_S)))
+    r = group.result
+    shards_per_executor = sum(r.shard_cpu_s) / WINDOW_S / sum(r.shard_executors)
+    capacity = group_capacity(results, group)
+    assert math.isclose(capacity.efficiency, shards_per_executor / (alone * 1.3))
+    rows = {row.metric: row.measured for row in group_rows(results)}
+    assert rows["20 ms, memory, one allocator at 10 executors, right before and right after: "
+                "CPU per executor-second"] == (f"{alone * 1.2 * 1000:.1f} ms / "
+                                               f"{alone * 1.4 * 1000:.1f} ms")
