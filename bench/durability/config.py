@@ -10,9 +10,10 @@ TARGET_RATIO = 1.5
 TARGET_BATCH = 256
 # Long enough that no pool is reclaimed while its allocator waits for its turn.
 LEASE_TTL = "3600"
-# `--snapshot-every` for every allocator whose Steps are timed: a snapshot's capture stalls the
-# Step that triggers it (tens of ms), which would land in whichever percentile it fell in. The
-# snapshot's cost is measured on its own, in the recovery part.
+# `--snapshot-every` for every allocator whose Steps are timed: the Step that starts a snapshot
+# forks the process (milliseconds), and the child then takes a core to capture, encode and write
+# it; either would land in whichever percentile it fell in. The snapshot's cost is measured on its
+# own, in the recovery part.
 NO_SNAPSHOTS = 10**9
 # What a spawned allocator gets without the flag: the default in allocator_service/server/config.py (the
 # harness strips PAGEDSERVE_* from the allocators' environment; only this process reads it here).

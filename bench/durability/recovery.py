@@ -110,7 +110,7 @@ class CrashLoop:
 
     def take_snapshot(self) -> None:
         """The first commit of an allocator started with a --snapshot-every below the journal's
-        length captures the whole state (in the Step, under the lock); a thread writes it."""
+        length forks a child (in the Step, under the lock) that captures and writes the state."""
         kill(self.allocator)
         self.allocator, _ = start_timed(*self.base, "--snapshot-every",
                                         str(self.sizes.journal_steps[0]))
@@ -134,7 +134,8 @@ class CrashLoop:
 
 
 def time_snapshot_parts(core: Allocator, results: Results) -> None:
-    """Capture and encode of the recovered state, timed alone in this process."""
+    """Capture and encode of the recovered state, timed alone in this process: what the
+    snapshot's child process does before it writes."""
     start = time.perf_counter()
     data = snapshot.capture(core)
     results.snapshot_capture_s = time.perf_counter() - start
