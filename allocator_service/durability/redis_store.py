@@ -1,19 +1,22 @@
 """The durable state store: a journal of commands plus periodic snapshots, in Redis.
 
     commit(seq N)   MULTI  XADD journal N-0 {kind, body}
-                           XADD events  E-0 {...} for each KV event of the command
+                           XADD events  E-0 {...} the KV events of the command, if any
                     EXEC   ← the reply to the caller goes out only after this
+    commit_many     the same for commands N..N+k-1 in one MULTI (the Step channel's Steps
+                    that arrived together: one round trip for all of them)
     every --snapshot-every commands, from a forked copy of the process (snapshot_writer.py)
                     MULTI  SET snapshot <state at seq S>; HSET meta snapshot_seq S;
                            XTRIM journal MINID S+1   EXEC
     load            GET snapshot, then replay the journal after it, in order, without gaps
 
-When a commit fails (Redis unreachable) the command has already changed memory: it is kept as
-*pending*, every further change is refused with UNAVAILABLE, and the watchdog calls `reconcile`
-once Redis answers again. Reconcile compares the stored sequence number with memory's:
+When a commit fails (Redis unreachable) its commands have already changed memory: they are kept
+as *pending*, every further change is refused with UNAVAILABLE, and the watchdog calls
+`reconcile` once Redis answers again. A transaction lands whole or not at all, so reconcile
+compares the stored sequence number with the pending commands' first and last:
 
     stored == applied          the pending commit landed before the connection broke
-    stored == applied - 1      it did not: write it now (its caller's retry is then answered
+    stored == first - 1        it did not: write it now (its callers' retries are then answered
                                from the step record)
     stored <  that             Redis lost acknowledged data (restarted without persistence):
                                write a fresh snapshot of memory and resync the event stream
@@ -41,7 +44,7 @@ from allocator_service.durability import commands, redis_codec, snapshot
 from allocator_service.durability.commands import Command
 from allocator_service.durability.snapshot_writer import (SnapshotTarget, SnapshotWriter,
                                                           add_snapshot)
-from allocator_service.durability.state_store import StateStore, StoreUnreachable
+from allocator_service.durability.state_store import Change, StateStore, StoreUnreachable
 from pagedserve.common.config import redacted
 from pagedserve.common.errors import Unavailable
 
@@ -53,9 +56,12 @@ REPLAY_BATCH = 1000
 
 @dataclass(slots=True, frozen=True)
 class _Pending:
-    seq: int
-    command: Command
-    events: list[PackedEvent]
+    first_seq: int   # the journal number of changes[0]; the rest follow without gaps
+    changes: list[Change]
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.changes) - 1
 
 
 class StoreConflict(RuntimeError):
@@ -165,14 +171,19 @@ class RedisStore(StateStore):
                 "changes are refused until it is back, retry later")
 
     def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
+        self.commit_many(core, [Change(command, events)])
+
+    def commit_many(self, core: Allocator, changes: list[Change]) -> None:
         assert self.available and self.pending is None, "commit() while refusing"
-        seq = self.applied_seq = self.applied_seq + 1
+        first = self.applied_seq + 1
+        seq = self.applied_seq = self.applied_seq + len(changes)
         try:
-            self._write(seq, command, events)
+            self._write(first, changes)
         except redis.RedisError as error:
-            self.pending = _Pending(seq, command, events)
+            self.pending = _Pending(first, changes)
             reason = _describe(error)
-            self.mark_down(f"the write of {command.kind} #{seq} failed: {reason}")
+            what = changes[0].command.kind if len(changes) == 1 else f"{len(changes)} changes"
+            self.mark_down(f"the write of {what} #{first} failed: {reason}")
             raise Unavailable(
                 f"the allocator's state store {self.description} did not take this change "
                 f"({reason}); it is kept and written once the store is back. Retry later: a "
@@ -184,17 +195,19 @@ class RedisStore(StateStore):
                 >= self.snapshot_every and self.snapshots.offer(core, seq, self._server_run_id)):
             self._snapshot_started_seq = seq
 
-    def _write(self, seq: int, command: Command, events: list[PackedEvent]) -> None:
-        """MULTI, the journal's XADD, the events' XADD, EXEC: sent as one write on a connection
-        kept for commits, the replies read here. redis-py's pipeline does the same with more
-        bookkeeping per command than the commands cost (about 60 µs of client CPU per commit
-        against 36 µs). Any failure drops the connection, unread replies with it; the next
-        commit connects afresh (and checks the server's run_id, as every connection does)."""
-        transaction: list[tuple[Any, ...]] = [
-            ("MULTI",), redis_codec.journal_xadd(self.keys, seq, command)]
-        if events:
-            transaction.append(redis_codec.events_xadd(self.keys, events,
-                                                       self._trim_below(events)))
+    def _write(self, first_seq: int, changes: list[Change]) -> None:
+        """MULTI, per change the journal's XADD and the events' XADD, EXEC: sent as one write
+        on a connection kept for commits, the replies read here. redis-py's pipeline does the
+        same with more bookkeeping per command than the commands cost (about 60 µs of client
+        CPU per commit against 36 µs). Any failure drops the connection, unread replies with
+        it; the next commit connects afresh (and checks the server's run_id, as every
+        connection does)."""
+        transaction: list[tuple[Any, ...]] = [("MULTI",)]
+        for seq, change in enumerate(changes, start=first_seq):
+            transaction.append(redis_codec.journal_xadd(self.keys, seq, change.command))
+            if change.events:
+                transaction.append(redis_codec.events_xadd(self.keys, change.events,
+                                                           self._trim_below(change.events)))
         transaction.append(("EXEC",))
         connection = self._commit_connection
         if connection is None:
@@ -263,18 +276,18 @@ class RedisStore(StateStore):
                 f"only {self.applied_seq}: another allocator writes to the same keys "
                 f"({self.keys.journal}); give each its own database or namespace")
         pending = self.pending
-        if pending is not None and stored == pending.seq:
+        if pending is not None and stored == pending.last_seq:
             # It landed before the connection broke, unless someone else wrote that entry.
             ((_, fields),) = self.client.xrange(self.keys.journal,
                                                 min=redis_codec.entry_id(stored),
                                                 max=redis_codec.entry_id(stored))
-            if redis_codec.command_from_fields(fields) != pending.command:
+            if redis_codec.command_from_fields(fields) != pending.changes[-1].command:
                 raise StoreConflict(
                     f"journal entry {stored} is not the change this allocator made: another "
                     f"allocator writes to the same keys ({self.keys.journal}); give each its "
                     "own database or namespace")
-        elif pending is not None and stored == pending.seq - 1:
-            self._write(pending.seq, pending.command, pending.events)
+        elif pending is not None and stored == pending.first_seq - 1:
+            self._write(pending.first_seq, pending.changes)
         elif stored < self.applied_seq:
             self._reseed(core, f"it holds journal entry {stored}, memory is at "
                                f"{self.applied_seq}")

@@ -4,8 +4,12 @@
     with state.writing() as core:        any RPC that changes state; inside, after the change:
         ...; state.commit(command)           journal it (with its KV events) before replying
 
+    with state.writing() as core:        several changes journaled together (a group commit):
+        ...; changes.append(state.change(command))   after each
+        state.commit_many(changes)           once, before any of their replies goes out
+
 Writes are refused with UNAVAILABLE while the store cannot take them, so memory is never more
-than one (uncommitted, unacknowledged) command ahead of the store.
+than one (uncommitted, unacknowledged) commit ahead of the store.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from contextlib import contextmanager
 from allocator_service.core.allocator import Allocator
 from allocator_service.durability import commands
 from allocator_service.durability.commands import Command
-from allocator_service.durability.state_store import StateStore
+from allocator_service.durability.state_store import Change, StateStore
 from pagedserve.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -48,16 +52,29 @@ class AllocatorState:
             try:
                 yield self.core
             finally:
-                # An op that raised halfway must not leave its events for the next commit.
-                if self.core.events.pending:
-                    log.error("a change raised after emitting %d KV events; they are dropped",
-                              len(self.core.events.pending))
-                    self.core.events.take()
+                self.drop_stray_events()
+
+    def drop_stray_events(self) -> None:
+        """A change that raised halfway must not leave its events for the next commit."""
+        if self.core.events.pending:
+            log.error("a change raised after emitting %d KV events; they are dropped",
+                      len(self.core.events.pending))
+            self.core.events.take()
 
     def commit(self, command: Command) -> None:
         """Journals the change just made (call inside `writing()`)."""
         assert self.lock.locked()
         self.store.commit(self.core, command, self.core.events.take())
+
+    def change(self, command: Command) -> Change:
+        """The change just made with the events it caused, to commit with others."""
+        return Change(command, self.core.events.take())
+
+    def commit_many(self, changes: list[Change]) -> None:
+        """Journals the changes made since the last commit, in order, all or none (call
+        inside `writing()`)."""
+        assert self.lock.locked()
+        self.store.commit_many(self.core, changes)
 
     def reclaim_expired(self) -> list[str]:
         """Reclaims pools whose lease lapsed, durably; nothing while the store is away."""

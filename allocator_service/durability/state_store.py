@@ -10,10 +10,18 @@ import bisect
 import collections
 import marshal
 import threading
+from dataclasses import dataclass
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
 from allocator_service.durability.commands import Command
+
+
+@dataclass(slots=True, frozen=True)
+class Change:
+    """One applied command and the KV events it caused, as a store journals them."""
+    command: Command
+    events: list[PackedEvent]
 
 
 class StoreUnreachable(Exception):
@@ -40,6 +48,12 @@ class StateStore:
         """Makes one applied command durable, with its events, before its reply goes out.
         Raises Unavailable when it cannot; the store then refuses commits until `reconcile`."""
         raise NotImplementedError
+
+    def commit_many(self, core: Allocator, changes: list[Change]) -> None:
+        """Makes several applied commands durable, in order, all or none (a group commit:
+        the Step channel's Steps that arrived together). Raises as `commit`."""
+        for change in changes:
+            self.commit(core, change.command, change.events)
 
     def refusal(self) -> str:
         """Why commits are refused right now ('' when they are not)."""

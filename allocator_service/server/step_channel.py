@@ -3,10 +3,12 @@ connection, for a fraction of what the Step RPC costs the allocator's CPU
 (docs/allocator.md#the-step-channel; the frames are pagedserve/protocol/step_frames.py).
 
 One thread runs an asyncio event loop with one `asyncio.Protocol` per connection: no thread per
-connection or per call. Each Step is answered inline, in arrival order, by `handle_step`, the
-function the Step RPC runs too, so both transports apply, journal and refuse alike. A connection
-starts with a hello that names its executor and carries the token; the allocator's auth checks
-it as it checks a Step RPC's metadata, and every Step on the connection must be that executor's.
+connection or per call. The Steps that arrive in one turn of the loop, from every connection,
+are answered together at the start of the next turn, in arrival order, by `handle_steps`, the
+code the Step RPC runs too, so both transports apply, journal and refuse alike; together, they
+are journaled in one commit (step_handler.py). A connection starts with a hello that names its
+executor and carries the token; the allocator's auth checks it as it checks a Step RPC's
+metadata, and every Step on the connection must be that executor's.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import threading
 import grpc
 
 from allocator_service.durability.state import AllocatorState
-from allocator_service.server.step_handler import handle_step
+from allocator_service.server.step_handler import Outcome, handle_steps
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.auth import BearerTokenInterceptor
 from pagedserve.common.error_interceptor import status_of
@@ -66,6 +68,8 @@ class StepChannel:
         self._tls = tls_context(options) if options.tls_cert or options.tls_key else None
         self._loop = new_event_loop()
         self._connections: set[Connection] = set()
+        # Steps read in this turn of the loop, answered together in the next (see _answer_all).
+        self._arrived: list[tuple[Connection, pb.StepRequest]] = []
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
 
@@ -83,8 +87,9 @@ class StepChannel:
             raise SystemExit("the Step channel could not start; see the log above")
 
     def stop(self) -> None:
-        """Closes the listener and every connection once their replies are written. Steps are
-        answered inline, so none is half-applied when the loop gets here."""
+        """Closes the listener and every connection once their replies are written. A batch
+        of Steps is applied in one callback of the loop, so none is half-applied when the loop
+        gets here; Steps read but not yet applied are never answered (their executors retry)."""
         if self._thread is None or self._stopping is None:
             return
         self._loop.call_soon_threadsafe(self._stopping.set)
@@ -122,22 +127,47 @@ class StepChannel:
             sent = f"Bearer {hello.auth_token}" if hello.auth_token else None
             self.auth.check(sent, STEP_METHOD, hello, HELLO_CARRIER)
 
-    def answer(self, request: pb.StepRequest, executor_id: str) -> bytes:
-        """The reply frame of one Step on a connection bound to `executor_id`."""
+    def submit(self, connection: Connection, request: pb.StepRequest) -> None:
+        """Takes a Step read from `connection`; its answer is written in the next turn."""
+        if not self._arrived:
+            # After the callbacks of this turn: every connection read now joins the batch.
+            self._loop.call_soon(self._answer_all)
+        self._arrived.append((connection, request))
+
+    def _answer_all(self) -> None:
+        arrived, self._arrived = self._arrived, []
+        # A Step of another executor than the connection's hello is refused before it applies.
+        admitted = [(connection, request) for connection, request in arrived
+                    if request.executor_id == connection.executor_id]
         try:
-            if request.executor_id != executor_id:
-                raise PermissionDenied(
-                    f"this Step channel connection said hello as executor {executor_id!r}; "
-                    f"it may not carry a Step of executor {request.executor_id!r}")
-            return reply_frame(handle_step(self.state, request).SerializeToString())
-        except PagedServeError as error:
-            return error_frame(status_of(error), str(error))
-        except Exception:  # noqa: BLE001 - a bug answers INTERNAL; the loop serves on
-            log.exception("Step %d of executor %r on the Step channel failed", request.step_id,
-                          executor_id)
-            return error_frame(grpc.StatusCode.INTERNAL,
-                               f"internal error in Step {request.step_id} of executor "
-                               f"{executor_id!r} (Step channel); see the allocator's log")
+            outcomes = iter(handle_steps(self.state, [request for _, request in admitted]))
+        except Exception as error:  # noqa: BLE001 - a bug in the commit: every Step says so
+            log.exception("a commit of %d Steps on the Step channel failed", len(admitted))
+            outcomes = iter([error] * len(admitted))
+        for connection, request in arrived:
+            if request.executor_id != connection.executor_id:
+                outcome: Outcome = PermissionDenied(
+                    f"this Step channel connection said hello as executor "
+                    f"{connection.executor_id!r}; it may not carry a Step of executor "
+                    f"{request.executor_id!r}")
+            else:
+                outcome = next(outcomes)
+            if not connection.transport.is_closing():
+                connection.transport.write(self._frame(outcome, request, connection))
+
+    @staticmethod
+    def _frame(outcome: Outcome, request: pb.StepRequest, connection: Connection) -> bytes:
+        """The reply frame of one Step."""
+        if isinstance(outcome, pb.StepResponse):
+            return reply_frame(outcome.SerializeToString())
+        if isinstance(outcome, PagedServeError):
+            return error_frame(status_of(outcome), str(outcome))
+        # A bug answers INTERNAL; the loop serves on.
+        log.error("Step %d of executor %r on the Step channel failed", request.step_id,
+                  connection.executor_id, exc_info=outcome)
+        return error_frame(grpc.StatusCode.INTERNAL,
+                           f"internal error in Step {request.step_id} of executor "
+                           f"{connection.executor_id!r} (Step channel); see the allocator's log")
 
 
 class Connection(asyncio.Protocol):
@@ -203,7 +233,7 @@ class Connection(asyncio.Protocol):
             self._end(grpc.StatusCode.INVALID_ARGUMENT,
                       f"a frame does not parse as a StepRequest: {error}")
             return
-        self.transport.write(self.channel.answer(request, self.executor_id))
+        self.channel.submit(self, request)
 
     def _end(self, code: grpc.StatusCode, message: str) -> None:
         """Answers the error, then closes: the connection cannot go on (no accepted hello,
