@@ -7,11 +7,13 @@ results of recent steps. Leases and load figures are not kept: a restored execut
 lease (the allocator's downtime is not its fault) and reports its load with its next heartbeat.
 
 Only blocks that differ from a fresh one are written, and the free list as runs of consecutive
-ids, so an idle pool of a million blocks takes a few bytes.
+ids, so an idle pool of a million blocks takes a few bytes. Token ids, most of a busy fleet's
+snapshot, are written in their packed form (4 bytes each, little-endian, block_hash.py) as hex:
+one C call per block or sequence where a JSON list costs an int object and its text per token.
+Format 1 wrote them as lists; it still restores.
 """
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -22,8 +24,11 @@ from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.sequence import Sequence
 from pagedserve.protocol.block_ops import OpResult, OpStatus, SeqId, StepResult
+from pagedserve.protocol.token_bytes import array_to_bytes, bytes_to_array
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Format 1 is format 2 with token ids as JSON lists of ints.
+RESTORABLE_VERSIONS = (1, FORMAT_VERSION)
 
 Json = dict[str, Any]
 
@@ -41,15 +46,17 @@ def capture(core: Allocator) -> Json:
 
 def restore(core: Allocator, data: Json) -> None:
     """Loads a snapshot into a core that has no executors yet."""
-    if data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"snapshot format {data.get('version')!r} is not {FORMAT_VERSION}; "
-                         "it was written by another pagedserve version")
+    if data.get("version") not in RESTORABLE_VERSIONS:
+        raise ValueError(f"snapshot format {data.get('version')!r} is not one of "
+                         f"{', '.join(map(str, RESTORABLE_VERSIONS))}; it was written by another "
+                         "pagedserve version")
+    tokens_of = _TOKEN_READERS[data["version"]]
     assert not core.executors, "restore() into a core that already holds executors"
     core.last_epoch = data["last_epoch"]
     core.events.last_seq = data["last_event_seq"]
     lease_expires_at = core.clock() + core.lease_ttl_s
     for item in data["executors"]:
-        pool = _restore_pool(item["pool"], core)
+        pool = _restore_pool(item["pool"], core, tokens_of)
         step_log = OrderedDict(
             (step_id, RecordedStep(bytes.fromhex(identity), _restore_result(result)))
             for step_id, identity, result in item["step_log"])
@@ -117,21 +124,25 @@ def _capture_pool(pool: ExecutorPool) -> Json:
 def _capture_block(block: Block) -> list[Any]:
     if block.block_hash is None:
         return [block.block_id, block.ref_count]
-    assert block.parent_hash is not None and block.token_ids is not None
+    assert block.parent_hash is not None and block.tokens is not None
     return [block.block_id, block.ref_count, block.block_hash.hex(), block.parent_hash.hex(),
-            list(block.token_ids), block.node_id, block.parent_key]
+            block.tokens.hex(), block.node_id, block.parent_key]
 
 
 def _capture_sequence(seq: Sequence) -> Json:
     return {"seq_id": seq.seq_id, "cache_salt": seq.cache_salt,
-            "block_table": seq.block_ids(), "token_ids": list(seq.token_ids),
+            "block_table": seq.block_ids(), "token_ids": array_to_bytes(seq.token_ids).hex(),
             "num_cached_tokens": seq.num_cached_tokens,
             "num_computed_tokens": seq.num_computed_tokens,
             "num_hashed_blocks": seq.num_hashed_blocks,
             "chain_hash": seq.chain_hash.hex(), "chain_key": seq.chain_key}
 
 
-def _restore_pool(data: Json, core: Allocator) -> ExecutorPool:
+# Token ids as each format writes them -> their packed form (PackedTokens).
+_TOKEN_READERS: dict[int, Any] = {1: pack_tokens, FORMAT_VERSION: bytes.fromhex}
+
+
+def _restore_pool(data: Json, core: Allocator, tokens_of: Any) -> ExecutorPool:
     pool = ExecutorPool(data["num_blocks"], data["block_size"], data["model_fingerprint"],
                         core.hash_fn)
     blocks = pool.blocks
@@ -144,7 +155,7 @@ def _restore_pool(data: Json, core: Allocator) -> ExecutorPool:
         block.ref_count = item[1]
         if len(item) > 2:
             block.block_hash, block.parent_hash = bytes.fromhex(item[2]), bytes.fromhex(item[3])
-            block.tokens, block.node_id, block.parent_key = pack_tokens(item[4]), item[5], item[6]
+            block.tokens, block.node_id, block.parent_key = tokens_of(item[4]), item[5], item[6]
             blocks.hash_index[block.block_hash] = block
     # The constructor linked every block; relink only the free ones, in their saved order.
     for block in by_id:
@@ -154,7 +165,8 @@ def _restore_pool(data: Json, core: Allocator) -> ExecutorPool:
         pool.sequences[SeqId(item["seq_id"])] = Sequence(
             seq_id=SeqId(item["seq_id"]), cache_salt=item["cache_salt"],
             block_table=[by_id[BlockId(block_id)] for block_id in item["block_table"]],
-            token_ids=array("i", item["token_ids"]), num_cached_tokens=item["num_cached_tokens"],
+            token_ids=bytes_to_array(tokens_of(item["token_ids"])),
+            num_cached_tokens=item["num_cached_tokens"],
             num_computed_tokens=item["num_computed_tokens"],
             num_hashed_blocks=item["num_hashed_blocks"],
             chain_hash=bytes.fromhex(item["chain_hash"]), chain_key=item["chain_key"])

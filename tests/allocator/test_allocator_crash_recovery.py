@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from allocator_service.durability import snapshot
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.supervisor.redis_server import REDIS_SERVER, RedisProcess
 from pagedserve.supervisor.service_process import AllocatorProcess
@@ -106,7 +107,7 @@ def test_kill_9_recovers_through_snapshot_plus_journal_tail(
     assert 0 < snapshot_at < applied
     # The snapshot trimmed the journal: what remains is exactly the commands after it.
     assert [seq for seq, _ in journal(client)] == list(range(snapshot_at + 1, applied + 1))
-    assert client.hget(f"{NAMESPACE}:meta", "format") == b"1"
+    assert client.hget(f"{NAMESPACE}:meta", "format") == str(snapshot.FORMAT_VERSION).encode()
     before = observed_state(admin)
     events_before = rpc_events(admin)
 

@@ -18,7 +18,8 @@ from hypothesis.stateful import rule
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
-from allocator_service.core.block_hash import chain_hash, hash_packed, root_hash
+from allocator_service.core.block_hash import (chain_hash, hash_packed, pack_tokens, root_hash,
+                                               unpack_tokens)
 from allocator_service.core.errors import StepIdReused
 from allocator_service.core.inspection import BlockState, block_views
 from allocator_service.durability import snapshot
@@ -264,6 +265,30 @@ def test_restore_refuses_another_format_version():
     message = str(info.value)
     assert re.search(r"\b99\b", message) and re.search(rf"\b{snapshot.FORMAT_VERSION}\b",
                                                        message), message
+
+
+def test_tokens_are_written_packed_and_a_format_1_snapshot_still_restores():
+    """Format 2 writes token ids packed (4 bytes each, little-endian) as hex; format 1, which
+    allocators before it wrote, had them as lists of ints and restores to the same core."""
+    core = busy_core()
+    data = snapshot.capture(core)
+    pool = data["executors"][0]["pool"]
+    cached = next(block for block in pool["blocks"] if len(block) > 2)
+    assert (cached[0], cached[4]) == (0, "00000000" "01000000" "02000000" "03000000")
+    sequence = next(seq for seq in pool["sequences"] if seq["seq_id"] == "a")
+    assert bytes.fromhex(sequence["token_ids"]) == pack_tokens(A10)
+
+    old = copy.deepcopy(data)
+    old["version"] = 1
+    for executor in old["executors"]:
+        for block in executor["pool"]["blocks"]:
+            if len(block) > 2:
+                block[4] = list(unpack_tokens(bytes.fromhex(block[4])))
+        for seq in executor["pool"]["sequences"]:
+            seq["token_ids"] = list(unpack_tokens(bytes.fromhex(seq["token_ids"])))
+    again = Allocator()
+    snapshot.restore(again, json.loads(json.dumps(old)))
+    assert_same_state(core, again)
 
 
 def test_restored_core_has_fresh_leases_and_reports_no_events_for_loading():
