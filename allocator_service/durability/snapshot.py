@@ -15,6 +15,7 @@ Format 1 wrote them as lists; it still restores.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
@@ -139,10 +140,11 @@ def _capture_sequence(seq: Sequence) -> Json:
 
 
 # Token ids as each format writes them -> their packed form (PackedTokens).
-_TOKEN_READERS: dict[int, Any] = {1: pack_tokens, FORMAT_VERSION: bytes.fromhex}
+TokenReader = Callable[[Any], bytes]
+_TOKEN_READERS: dict[int, TokenReader] = {1: pack_tokens, FORMAT_VERSION: bytes.fromhex}
 
 
-def _restore_pool(data: Json, core: Allocator, tokens_of: Any) -> ExecutorPool:
+def _restore_pool(data: Json, core: Allocator, tokens_of: TokenReader) -> ExecutorPool:
     pool = ExecutorPool(data["num_blocks"], data["block_size"], data["model_fingerprint"],
                         core.hash_fn)
     blocks = pool.blocks
