@@ -9,8 +9,6 @@ less per Step. Each Step still succeeds or fails alone; only a failed commit fai
 """
 from __future__ import annotations
 
-import logging
-
 from allocator_service.durability import commands
 from allocator_service.durability.state import AllocatorState
 from allocator_service.durability.state_store import Change
@@ -18,8 +16,6 @@ from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.errors import PagedServeError
 from pagedserve.protocol.block_codec import ops_from_proto, step_result_to_proto
 from pagedserve.protocol.block_ops import BlockOp, StepResult
-
-log = logging.getLogger(__name__)
 
 # What a Step comes to: its answer, or why it has none. A PagedServeError is the caller's (an
 # UNAVAILABLE store, a stale epoch, a malformed op); any other exception is a bug of ours.

@@ -44,12 +44,14 @@ def registered(state: AllocatorState, *executor_ids: str) -> dict[str, int]:
     """Registers each executor (one commit each); their epochs."""
     epochs = {}
     for executor_id in executor_ids:
+        registration = pb.RegisterExecutorRequest(executor_id=executor_id,
+                                                  address=f"{executor_id}:1", num_blocks=16,
+                                                  block_size=4, model_fingerprint="m")
         with state.writing() as core:
-            epochs[executor_id] = core.register_executor(executor_id, f"{executor_id}:1", 16, 4,
-                                                         "m").epoch
-            state.commit(commands.register(pb.RegisterExecutorRequest(
-                executor_id=executor_id, address=f"{executor_id}:1", num_blocks=16, block_size=4,
-                model_fingerprint="m")))
+            epochs[executor_id] = core.register_executor(
+                registration.executor_id, registration.address, registration.num_blocks,
+                registration.block_size, registration.model_fingerprint).epoch
+            state.commit(commands.register(registration))
     return epochs
 
 
