@@ -4,9 +4,10 @@ connection, for a fraction of what the Step RPC costs the allocator's CPU
 
 One thread runs an asyncio event loop with one `asyncio.Protocol` per connection: no thread per
 connection or per call. The Steps that arrive in one turn of the loop, from every connection,
-are answered together at the start of the next turn, in arrival order, by `handle_steps`, the
-code the Step RPC runs too, so both transports apply, journal and refuse alike; together, they
-are journaled in one commit (step_handler.py). A connection starts with a hello that names its
+are applied at the start of the next turn, in arrival order, by `handle_steps`, the code the
+Step RPC runs too, so both transports apply, journal and refuse alike. With Redis they are
+journaled in one commit and answered together; in memory, each is answered as soon as it
+applied (step_handler.py). A connection starts with a hello that names its
 executor and carries the token; the allocator's auth checks it as it checks a Step RPC's
 metadata, and every Step on the connection must be that executor's.
 """
@@ -137,23 +138,29 @@ class StepChannel:
     def _answer_all(self) -> None:
         arrived, self._arrived = self._arrived, []
         # A Step of another executor than the connection's hello is refused before it applies.
-        admitted = [(connection, request) for connection, request in arrived
-                    if request.executor_id == connection.executor_id]
-        try:
-            outcomes = iter(handle_steps(self.state, [request for _, request in admitted]))
-        except Exception as error:  # noqa: BLE001 - a bug in the commit: every Step says so
-            log.exception("a commit of %d Steps on the Step channel failed", len(admitted))
-            outcomes = iter([error] * len(admitted))
-        for connection, request in arrived:
-            if request.executor_id != connection.executor_id:
-                outcome: Outcome = PermissionDenied(
-                    f"this Step channel connection said hello as executor "
-                    f"{connection.executor_id!r}; it may not carry a Step of executor "
-                    f"{request.executor_id!r}")
-            else:
-                outcome = next(outcomes)
+        steps: list[pb.StepRequest | Exception] = [
+            request if request.executor_id == connection.executor_id else PermissionDenied(
+                f"this Step channel connection said hello as executor "
+                f"{connection.executor_id!r}; it may not carry a Step of executor "
+                f"{request.executor_id!r}")
+            for connection, request in arrived]
+
+        answered = 0
+
+        def answer(index: int, outcome: Outcome) -> None:
+            nonlocal answered
+            connection, request = arrived[index]
             if not connection.transport.is_closing():
                 connection.transport.write(self._frame(outcome, request, connection))
+            answered = index + 1
+
+        try:
+            handle_steps(self.state, steps, answer)
+        except Exception as error:  # noqa: BLE001 - a bug in the commit: every Step left says so
+            log.exception("a commit of %d Steps on the Step channel failed",
+                          len(arrived) - answered)
+            for index in range(answered, len(arrived)):
+                answer(index, error)
 
     @staticmethod
     def _frame(outcome: Outcome, request: pb.StepRequest, connection: Connection) -> bytes:

@@ -50,6 +50,8 @@ class StageTimes:
     ops: int = 0
     mismatches: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    # Each Step's time through every stage, in the order played.
+    per_step_s: list[float] = field(default_factory=list)
 
     @property
     def total_s(self) -> float:
@@ -101,6 +103,7 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
             seconds["core"] += stepped - digested
             seconds["commit"] += committed - stepped
             seconds["encode"] += encoded - committed
+            times.per_step_s.append(encoded - started)
             times.steps += 1
             times.ops += len(ops)
             times.mismatches += answer != reply

@@ -2,7 +2,8 @@
 and are journaled in one Redis transaction (allocator_service/server/step_handler.py). Against a
 real redis-server: each Step still answers alone, the batch is one MULTI/EXEC, a restart from
 the journal rebuilds the same state, and when Redis is away every Step of the batch is refused,
-kept, and written once it is back, where their retries get the recorded results."""
+kept, and written once it is back, where their retries get the recorded results. In memory,
+where a commit is no round trip, each Step is answered before the next one applies."""
 from __future__ import annotations
 
 import shutil
@@ -13,7 +14,8 @@ from allocator_service.core.allocator import Allocator
 from allocator_service.durability import commands, snapshot
 from allocator_service.durability.redis_store import RedisStore
 from allocator_service.durability.state import AllocatorState
-from allocator_service.server.step_handler import handle_steps
+from allocator_service.durability.state_store import MemoryStore
+from allocator_service.server.step_handler import Outcome, handle_steps
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.errors import Unavailable
 from pagedserve.protocol.block_codec import op_to_proto
@@ -60,6 +62,19 @@ def request(executor_id: str, epoch: int, step_id: int, *ops) -> pb.StepRequest:
                           ops=[op_to_proto(op) for op in ops])
 
 
+def outcomes_of(state: AllocatorState, batch: list[pb.StepRequest]) -> list[Outcome]:
+    """handle_steps' answers, in the order it gave them (it gives each once, in order)."""
+    answered: list[Outcome] = []
+
+    def answer(index: int, outcome: Outcome) -> None:
+        assert index == len(answered)
+        answered.append(outcome)
+
+    handle_steps(state, batch, answer)
+    assert len(answered) == len(batch)
+    return answered
+
+
 def exec_calls(redis_server: RedisProcess) -> int:
     stats = redis_server.client().info("commandstats")
     return int(stats.get("cmdstat_exec", {}).get("calls", 0))
@@ -78,7 +93,7 @@ def test_steps_of_a_batch_answer_alone_and_are_journaled_in_one_transaction(
              first,                                    # a retry: answered, not journaled
              request("a", epochs["a"], 2, AppendOp("s", (6, 7, 8, 9), 0, 0))]
     before = exec_calls(redis_server)
-    outcomes = handle_steps(state, batch)
+    outcomes = outcomes_of(state, batch)
     assert exec_calls(redis_server) == before + 1, "one MULTI/EXEC for the whole batch"
 
     assert isinstance(outcomes[2], Exception) and "epoch" in str(outcomes[2])
@@ -109,11 +124,11 @@ def test_a_batch_redis_did_not_take_is_refused_whole_kept_and_written_when_it_is
              request("b", epochs["b"], 1, AllocateOp("t", (7, 8))),
              request("a", epochs["a"], 2, AppendOp("s", (6,), 0, 6))]
     redis_server.kill()  # appendfsync always: what it acknowledged is on disk
-    outcomes = handle_steps(state, batch)
+    outcomes = outcomes_of(state, batch)
     assert all(isinstance(o, Unavailable) for o in outcomes)
     assert "did not take this change" in str(outcomes[0])
     # Refused from then on, before anything applies.
-    (refused,) = handle_steps(state, [request("a", epochs["a"], 3, FreeOp("s"))])
+    (refused,) = outcomes_of(state, [request("a", epochs["a"], 3, FreeOp("s"))])
     assert isinstance(refused, Unavailable) and "is unavailable" in str(refused)
 
     redis_server.restart()
@@ -122,7 +137,7 @@ def test_a_batch_redis_did_not_take_is_refused_whole_kept_and_written_when_it_is
         assert state.store.reconcile(state.core)
     assert [seq for seq, _ in journal(redis_server.client(), NAMESPACE)] == [1, 2, 3, 4, 5]
     # The executors retry: each gets what its Step did in memory, nothing applies twice.
-    retried = handle_steps(state, batch)
+    retried = outcomes_of(state, batch)
     assert [o.replayed for o in retried] == [True] * 3
     assert list(retried[0].results[0].block_table) == [0, 1]
     assert list(retried[2].results[0].new_blocks) == []
@@ -130,6 +145,33 @@ def test_a_batch_redis_did_not_take_is_refused_whole_kept_and_written_when_it_is
     assert snapshot.capture(reloaded.core) == snapshot.capture(state.core)
     state.store.close()
     reloaded.store.close()
+
+
+def applied_when_answered(state: AllocatorState, batch: list[pb.StepRequest]) -> list[int]:
+    """For each Step of the batch as it is answered: how many Steps of the batch had applied."""
+    seen: list[int] = []
+
+    def answer(index: int, outcome: Outcome) -> None:
+        assert isinstance(outcome, pb.StepResponse)
+        with state.reading() as core:
+            seen.append(sum(core.executors[r.executor_id].last_step_id >= r.step_id
+                            for r in batch))
+
+    handle_steps(state, batch, answer)
+    return seen
+
+
+def test_with_redis_a_batch_is_answered_after_its_commit_in_memory_each_step_at_once(
+        redis_server: RedisProcess) -> None:
+    durable = durable_state(redis_server.url)
+    in_memory = AllocatorState(Allocator(), MemoryStore())
+    for state in (durable, in_memory):
+        epochs = registered(state, "a", "b", "c")
+        batch = [request(executor_id, epochs[executor_id], 1, AllocateOp("s", (1, 2, 3)))
+                 for executor_id in ("a", "b", "c")]
+        seen = applied_when_answered(state, batch)
+        assert seen == ([3, 3, 3] if state is durable else [1, 2, 3])
+    durable.store.close()
 
 
 def test_pipelined_steps_over_the_channel_survive_a_kill_9(
