@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 from allocator_service.core.block import Block, PrefixKey
 from allocator_service.core.block_hash import (BlockHash, HashFn, hash_packed, packed_slice,
@@ -16,7 +17,7 @@ from allocator_service.core.block_pool import BlockPool
 from allocator_service.core.errors import SequenceExists, UnknownSequence
 from allocator_service.core.sequence import Sequence
 from pagedserve.common.errors import ResourceExhausted
-from pagedserve.protocol.block_ops import Allocation, Growth, SeqId
+from pagedserve.protocol.block_ops import Allocation, SeqId
 
 
 class PromptTooLarge(ResourceExhausted):
@@ -25,6 +26,20 @@ class PromptTooLarge(ResourceExhausted):
 
 def blocks_for(num_slots: int, block_size: int) -> int:
     return -(-num_slots // block_size)
+
+
+# Salts whose root hash a pool remembers; past this many it forgets them all and starts over
+# (tenants are few; a flood of one-off salts must not grow memory).
+MAX_REMEMBERED_ROOTS = 1024
+
+
+@dataclass(slots=True, frozen=True)
+class Growth:
+    """What an Append changed in the block table. Defined in the core, not beside the ops in
+    pagedserve/protocol, so that the compiled core builds one without running Python code."""
+    new_blocks: list[int]
+    # (src, dst): copy src's K/V into dst before computing; dst replaced src in the table.
+    copies: list[tuple[int, int]]
 
 
 # An Append that needed no new block and no copy (most decode steps). Shared, never mutated.
@@ -38,6 +53,8 @@ class ExecutorPool:
         self.model_fingerprint = model_fingerprint
         self.blocks = BlockPool(num_blocks, block_size, hash_fn)
         self.sequences: dict[SeqId, Sequence] = {}
+        # Each salt's root hash, computed once (it hashes the model fingerprint and the salt).
+        self._root_hashes: dict[str, BlockHash] = {}
         # Prompt tokens looked up in / served from the prefix cache, over successful allocations.
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
@@ -60,7 +77,7 @@ class ExecutorPool:
         must compute that token to get the logits of the first output token.
         """
         size = self.block_size
-        chain_hash_ = root_hash(self.model_fingerprint, cache_salt)
+        chain_hash_ = self._root_hash(cache_salt)
         chain_key: PrefixKey = cache_salt
         hits: list[Block] = []
         hash_fn, lookup = self.blocks.hash_fn, self.blocks.lookup
@@ -73,6 +90,14 @@ class ExecutorPool:
             hits.append(block)
             chain_hash_, chain_key = block_hash, block.node_id
         return hits, chain_hash_, chain_key
+
+    def _root_hash(self, cache_salt: str) -> BlockHash:
+        root = self._root_hashes.get(cache_salt)
+        if root is None:
+            if len(self._root_hashes) >= MAX_REMEMBERED_ROOTS:
+                self._root_hashes.clear()
+            root = self._root_hashes[cache_salt] = root_hash(self.model_fingerprint, cache_salt)
+        return root
 
     def num_cached_prefix_tokens(self, token_ids: Seq[int], cache_salt: str) -> int:
         """Prompt tokens an Allocate would find cached right now (no state changes)."""

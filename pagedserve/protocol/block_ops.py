@@ -68,14 +68,6 @@ class Allocation:
     num_cached_tokens: int
 
 
-@dataclass(slots=True, frozen=True)
-class Growth:
-    """What an Append changed in the block table."""
-    new_blocks: list[int]
-    # (src, dst): copy src's K/V into dst before computing; dst replaced src in the table.
-    copies: list[tuple[int, int]]
-
-
 @dataclass(slots=True)
 class OpResult:
     status: OpStatus = OpStatus.OK
