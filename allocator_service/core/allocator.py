@@ -235,7 +235,8 @@ class Allocator:
                     return _out_of_blocks(pool)
                 if growth is NO_GROWTH:
                     return OK
-                return OpResult(new_blocks=growth.new_blocks, copies=growth.copies)
+                # Positional: a third cheaper than keywords into the dataclass's __init__.
+                return OpResult(OpStatus.OK, "", [], 0, growth.new_blocks, growth.copies)
             if isinstance(op, AllocateOp):
                 allocation = pool.allocate(op.seq_id, op.token_ids, op.cache_salt,
                                            op.lookahead_slots)

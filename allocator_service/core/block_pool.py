@@ -88,17 +88,20 @@ class BlockPool:
         collision), the index is left alone and the chain gets a fresh identity that nothing
         else can match. An unreachable owner (its parent entry is gone) is replaced.
         """
-        existing = self.hash_index.get(block_hash)
+        # One probe of the index: setdefault enters the block when the hash is free.
+        existing = self.hash_index.setdefault(block_hash, block)
         if existing is block:
-            return block.node_id
-        if existing is not None:
+            if block.block_hash == block_hash:
+                return block.node_id  # the block is this entry already (a shared block)
+        else:
             if existing.parent_key == parent_key and existing.tokens == tokens:
                 return existing.node_id
             if self._reachable(existing):
                 return self._new_node_id()
             # An entry whose prefix was evicted (or reset) can never be hit again: it only
             # blocks the hash. Give the hash to the prefix that is being computed now.
-            del self.hash_index[block_hash]
+            del self.hash_index[block_hash]  # re-entered last, as a new entry is
+            self.hash_index[block_hash] = block
             if self.events is not None:
                 self.events.removed(existing)
             existing.forget_prefix()
@@ -107,7 +110,6 @@ class BlockPool:
         block.tokens = tokens
         block.parent_key = parent_key
         block.node_id = self._new_node_id()
-        self.hash_index[block_hash] = block
         if self.events is not None:
             self.events.stored(block)
         return block.node_id
