@@ -27,16 +27,23 @@ from bench.fleet.step_stream import StepStream
 LOADS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-def latencies(service_s: list[float], load: float, together: bool, seed: int = 0
-              ) -> list[float]:
-    """Each Step's time from arrival to reply, Steps drawn from `service_s` at random and
+def poisson_arrivals(service_s: list[float], load: float, count: int, seed: int = 0
+                     ) -> list[tuple[float, float]]:
+    """(arrival time, service time) of `count` Steps drawn from `service_s` at random,
     arriving as a Poisson process at `load` times the rate one core serves them."""
     rng = random.Random(seed)
     mean_s = sum(service_s) / len(service_s)
     arrivals, clock = [], 0.0
-    for _ in range(20 * len(service_s)):
+    for _ in range(count):
         clock += rng.expovariate(load / mean_s)
         arrivals.append((clock, rng.choice(service_s)))
+    return arrivals
+
+
+def latencies(arrivals: list[tuple[float, float]], together: bool) -> list[float]:
+    """Each Step's time from arrival to reply on one server that takes, at the start of each
+    turn, every Step that arrived while it was busy, and applies them in order. `together`:
+    a turn's replies all leave when its last Step has applied (else each after its own)."""
     waited: list[float] = []
     now, first = 0.0, 0
     while first < len(arrivals):
@@ -72,9 +79,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{quantile(service_s, 0.99) * 1e6:.0f} µs")
     print("load  together p50 / p99 (ms)  one by one p50 / p99 (ms)")
     for load in LOADS:
+        arrivals = poisson_arrivals(service_s, load, 20 * len(service_s))
         cells = []
         for together in (True, False):
-            waited = latencies(service_s, load, together)
+            waited = latencies(arrivals, together)
             cells.append(f"{quantile(waited, 0.5) * 1e3:.2f} / {quantile(waited, 0.99) * 1e3:.2f}")
         print(f"{load:4.1f}  {cells[0]:>24}  {cells[1]:>26}")
     return 0
