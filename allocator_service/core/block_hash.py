@@ -15,18 +15,16 @@ hashed as it is, compared with one memcmp on a prefix hit, and never walked by t
 from __future__ import annotations
 
 import struct
-import sys
 from array import array
 from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import NewType
 
-from pagedserve.protocol.token_bytes import array_to_bytes, bytes_to_array, ids_to_bytes
+from pagedserve.protocol.token_bytes import (NATIVE_IS_LITTLE_ENDIAN, array_to_bytes,
+                                             bytes_to_array, ids_to_bytes)
 
 BlockHash = NewType("BlockHash", bytes)
 HASH_BYTES = 16
-
-_NATIVE_IS_LITTLE_ENDIAN = sys.byteorder == "little"
 
 # A full block's token ids as the hash covers them: little-endian uint32, TOKEN_BYTES a token
 # (pagedserve/protocol/token_bytes.py).
@@ -76,6 +74,6 @@ def unpack_tokens(tokens: PackedTokens) -> tuple[int, ...]:
 def packed_slice(token_ids: array[int], start: int, stop: int) -> PackedTokens:
     """The packed tokens [start, stop) of an int32 array (a sequence's tokens; valid ids are
     non-negative, so their int32 bytes are the hash's uint32 ones)."""
-    if _NATIVE_IS_LITTLE_ENDIAN:  # the array's bytes as they are: no call into token_bytes
+    if NATIVE_IS_LITTLE_ENDIAN:  # the array's bytes as they are: no call into token_bytes
         return PackedTokens(token_ids[start:stop].tobytes())
     return PackedTokens(array_to_bytes(token_ids[start:stop]))

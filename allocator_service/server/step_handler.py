@@ -7,8 +7,8 @@ and are journaled in one commit, before any of their replies goes out (a group c
 round trip for all of them. The more executors send at once, the more each round trip carries,
 so a busy allocator waits on Redis less per Step. Each Step still succeeds or fails alone; only
 a failed commit fails them all. With the in-memory store there is nothing to share, and each
-Step is answered as soon as it applied, before the next one applies: near a busy core, waiting
-for the whole turn's Steps put about a third on Step p99 (docs/allocator.md#the-step-channel).
+Step is answered as soon as it applied, before the next one applies: near a busy core that
+takes about a third off Step p99 (docs/architecture.md#capacity-of-one-allocator).
 """
 from __future__ import annotations
 

@@ -12,12 +12,13 @@ from array import array
 from collections.abc import Sequence
 
 TOKEN_BYTES = 4
-_NATIVE_IS_LITTLE_ENDIAN = sys.byteorder == "little"
+# An int32 array's own bytes are the packed form (no byte swap) on such a machine.
+NATIVE_IS_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def array_to_bytes(token_ids: array[int]) -> bytes:
     """The packed form of an int32 array (it is not changed)."""
-    if _NATIVE_IS_LITTLE_ENDIAN:
+    if NATIVE_IS_LITTLE_ENDIAN:
         return token_ids.tobytes()
     swapped = array("i", token_ids)
     swapped.byteswap()
@@ -34,6 +35,6 @@ def bytes_to_array(packed: bytes) -> array[int]:
     """The int32 array of a packed form whose length is a multiple of TOKEN_BYTES."""
     token_ids = array("i")
     token_ids.frombytes(packed)
-    if not _NATIVE_IS_LITTLE_ENDIAN:
+    if not NATIVE_IS_LITTLE_ENDIAN:
         token_ids.byteswap()
     return token_ids
