@@ -24,6 +24,7 @@ from allocator_service.core.compiled_build import compiled_package_dir
 from allocator_service.server.config import build_parser as allocator_flags
 from bench.fleet.capacity import STORES, Snapshots, Timing, record, replay_point
 from bench.fleet.plot import write_plot
+from bench.fleet.profile import cost_per_executor_second
 from bench.fleet.replay import TRANSPORTS
 from bench.fleet.report import (FleetResults, Point, Recording, group_rows, section_body,
                                 snapshot_rows, summary_rows)
@@ -146,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 streams, summaries = record(work / f"{it:g}ms", it, args.recorders, timing,
                                             args.running, args.step_interval,
                                             args.reserve_blocks)
-                results.recordings.append(Recording(it, summaries))
+                progress.set_description(f"{it:g} ms: the Step path in one process")
+                results.recordings.append(Recording(it, summaries,
+                                                    cost_per_executor_second(streams)))
                 progress.update(1)
                 saturated: set[str] = set()
                 for index, n in enumerate(sweep):

@@ -115,6 +115,16 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
     return times
 
 
+def cost_per_executor_second(paths: list[Path], copies: int = 8) -> float:
+    """Seconds of the Step path, in process with the collector off, per executor-second of the
+    recorded streams at `paths` played `copies` times each. The same code on the same streams
+    costs the same on the same machine: a report gives it so that a slower host can be told
+    from slower code."""
+    streams = [StepStream.load(path) for path in paths]
+    return play(streams, copies, collect=False).total_s / (
+        sum(stream.duration_s for stream in streams) * copies)
+
+
 def rows(off: StageTimes, on: StageTimes, executor_seconds: float) -> list[list[str]]:
     """Per stage: microseconds per op and milliseconds per executor-second."""
     def line(name: str, seconds: float) -> list[str]:

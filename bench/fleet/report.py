@@ -68,6 +68,9 @@ class Point:
 class Recording:
     iteration_ms: float
     summaries: list[dict]
+    # The recorded Steps' path in one process, collector off, in seconds per executor-second
+    # (profile.cost_per_executor_second): the machine's speed on this code (0: not measured).
+    in_process_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -138,6 +141,10 @@ def summary_rows(results: FleetResults) -> list[Row]:
                         sum(s["stalls"] + s["slot_stalls"] for s in sims) == 0))
         rows.append(Row(f"{it:g} ms: live: share of time waiting for admission/fork answers",
                         f"{sum(s['blocking_wait_s'] for s in sims) / seconds:.1%}"))
+        if recording.in_process_s:
+            rows.append(Row(f"{it:g} ms: these Steps' path in one process, collector off, per "
+                            "executor-second (the machine's speed)",
+                            f"{recording.in_process_s * 1000:.2f} ms"))
         for store in ("memory", "redis"):
             if not results.of(it, store):
                 continue

@@ -118,6 +118,8 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsy
     times = profile.play([stream], 2, collect=False)
     assert times.steps == 2 * len(stream.steps) and times.mismatches == 0
     assert all(seconds > 0 for seconds in times.seconds.values())
+    assert len(times.per_step_s) == times.steps
+    assert profile.cost_per_executor_second([stream_path], copies=2) > 0
 
 
 def test_a_replay_against_another_pool_size_is_caught(tmp_path):
@@ -147,6 +149,8 @@ def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
         cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     for metric in ("20 ms: simulated executors (live), Steps/s and ops per Step",
+                   "20 ms: these Steps' path in one process, collector off, per "
+                   "executor-second (the machine's speed)",
                    "20 ms, memory: allocator CPU per executor-second",
                    "20 ms, memory: largest N replayed with 0 stalls",
                    "20 ms, memory, 2 shards, 3 executors: executors per shard",
