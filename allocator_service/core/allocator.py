@@ -22,6 +22,13 @@ from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, Fo
 from pagedserve.protocol.limits import Limits
 
 
+# The marshal format of what the allocator keeps as bytes (recorded results here, kept KV events
+# in the in-memory store). Version 2 writes repeated objects (OK results, a pool's executor id)
+# out again, where later versions look every object up in a table to write repeats as
+# references: a quarter faster for a Step's results, 13 % for its events, a little larger.
+MARSHAL_VERSION = 2
+
+
 class RecordedStep:
     """A step's result kept for answering its retries.
 
@@ -38,12 +45,10 @@ class RecordedStep:
         # What identifies the request: the caller's digest of it (the server hashes the
         # serialized request), or else the list of ops itself, compared with ==.
         self.identity = identity
-        # Version 2 of marshal's format: it writes repeats (the OK results) out again instead
-        # of looking every object up in a table to refer to it, a quarter faster here.
         self._packed = marshal.dumps((result.num_free_blocks, tuple(
             _PACKED_OK if r is OK else
             (int(r.status), r.message, tuple(r.block_table), r.num_cached_tokens,
-             tuple(r.new_blocks), tuple(r.copies)) for r in result.results)), 2)
+             tuple(r.new_blocks), tuple(r.copies)) for r in result.results)), MARSHAL_VERSION)
 
     @property
     def packed_result(self) -> tuple[int, tuple[tuple, ...]]:

@@ -12,7 +12,7 @@ import marshal
 import threading
 from dataclasses import dataclass
 
-from allocator_service.core.allocator import Allocator
+from allocator_service.core.allocator import MARSHAL_VERSION, Allocator
 from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
 from allocator_service.durability.commands import Command
 
@@ -81,12 +81,6 @@ class StateStore:
 
     def close(self) -> None:
         """Releases connections and threads."""
-
-
-# Version 2 of marshal's format writes every object out, where later versions look each one up
-# in a table to write repeats (a pool's executor id) as references: 13 % faster for a commit's
-# events, 7 % larger.
-MARSHAL_VERSION = 2
 
 
 class MemoryStore(StateStore):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.fleet.profile import play
 from bench.fleet.step_stream import StepStream
+from bench.report import percentile
 
 LOADS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -62,11 +63,6 @@ def latencies(arrivals: list[tuple[float, float]], together: bool) -> list[float
     return waited
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("streams", nargs="+", type=Path, help="recorded streams (bench.fleet)")
@@ -76,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     service_s = play(streams, args.copies, collect=False).per_step_s
     print(f"{len(service_s)} Steps measured in process: mean "
           f"{sum(service_s) / len(service_s) * 1e6:.0f} µs, p99 "
-          f"{quantile(service_s, 0.99) * 1e6:.0f} µs")
+          f"{percentile(service_s, 99) * 1e6:.0f} µs")
     print("load  together p50 / p99 (ms)  one by one p50 / p99 (ms)")
     for load in LOADS:
         arrivals = poisson_arrivals(service_s, load, 20 * len(service_s))
         cells = []
         for together in (True, False):
             waited = latencies(arrivals, together)
-            cells.append(f"{quantile(waited, 0.5) * 1e3:.2f} / {quantile(waited, 0.99) * 1e3:.2f}")
+            cells.append(f"{percentile(waited, 50) * 1e3:.2f} / {percentile(waited, 99) * 1e3:.2f}")
         print(f"{load:4.1f}  {cells[0]:>24}  {cells[1]:>26}")
     return 0
 

@@ -121,14 +121,18 @@ def cost_per_executor_second(paths: list[Path], copies: int = 8) -> float:
     costs the same on the same machine: a report gives it so that a slower host can be told
     from slower code."""
     streams = [StepStream.load(path) for path in paths]
-    return play(streams, copies, collect=False).total_s / (
-        sum(stream.duration_s for stream in streams) * copies)
+    return play(streams, copies, collect=False).total_s / executor_seconds(streams, copies)
 
 
-def rows(off: StageTimes, on: StageTimes, executor_seconds: float) -> list[list[str]]:
+def executor_seconds(streams: list[StepStream], copies: int) -> float:
+    """How long the executors behind `copies` plays of each stream served, together."""
+    return sum(stream.duration_s for stream in streams) * copies
+
+
+def rows(off: StageTimes, on: StageTimes, served_s: float) -> list[list[str]]:
     """Per stage: microseconds per op and milliseconds per executor-second."""
     def line(name: str, seconds: float) -> list[str]:
-        return [name, f"{seconds / off.ops * 1e6:.2f}", f"{seconds / executor_seconds * 1e3:.2f}"]
+        return [name, f"{seconds / off.ops * 1e6:.2f}", f"{seconds / served_s * 1e3:.2f}"]
 
     table = [["stage", "µs per op", "ms per executor-second"]]
     table += [line(stage, off.seconds[stage]) for stage in STAGES]
@@ -155,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         streams = [StepStream.load(path) for path in paths]
     off = play(streams, args.copies, collect=False)
     on = play(streams, args.copies, collect=True)
-    executor_seconds = sum(stream.duration_s for stream in streams) * args.copies
+    served_s = executor_seconds(streams, args.copies)
     print(f"{len(streams) * args.copies} executors, {off.steps} Steps, {off.ops} ops "
-          f"({off.ops / off.steps:.1f} per Step), {executor_seconds:.0f} executor-seconds; "
+          f"({off.ops / off.steps:.1f} per Step), {served_s:.0f} executor-seconds; "
           f"answers differing from the recording: {off.mismatches + on.mismatches}")
-    table = rows(off, on, executor_seconds)
+    table = rows(off, on, served_s)
     widths = [max(len(row[i]) for row in table) for i in range(3)]
     for row in table:
         print(row[0].ljust(widths[0]), *(cell.rjust(width) for cell, width in

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fleet.batching_model import latencies, poisson_arrivals, quantile
+from bench.fleet.batching_model import latencies, poisson_arrivals
+from bench.report import percentile
 
 
 def test_steps_of_one_turn_wait_for_the_last_only_when_answered_together() -> None:
@@ -27,4 +28,4 @@ def test_one_by_one_never_answers_a_step_later_and_lowers_p99_near_a_core(load: 
     together = latencies(arrivals, together=True)
     one_by_one = latencies(arrivals, together=False)
     assert all(alone <= grouped for alone, grouped in zip(one_by_one, together))
-    assert quantile(one_by_one, 0.99) < quantile(together, 0.99)
+    assert percentile(one_by_one, 99) < percentile(together, 99)
