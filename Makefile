@@ -116,6 +116,7 @@ bench-gpu: $(INSTALLED)
 device-wheels: $(INSTALLED)
 	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
 		--python-version 3.12 --implementation cp \
+		--platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		--platform manylinux1_x86_64 -d .device-wheels -r scripts/device_wheels.txt

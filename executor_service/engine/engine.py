@@ -12,13 +12,14 @@ drive it directly (with the allocator core in-process, see block_allocator.py).
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence as Seq
 
 import torch
 
 from executor_service.engine.beam_search import BeamSearch, Hypothesis
 from executor_service.engine.block_allocator import BlockAllocator
-from executor_service.engine.grammar import GrammarCompiler, accept_token
+from executor_service.engine.grammar import GrammarCompiler, UnreadableTokenizer, accept_token
 from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
 from executor_service.engine.request import Beams, Request, Sequence, SequenceStatus
@@ -36,6 +37,12 @@ from pagedserve.common.errors import AlreadyExists, InvalidArgument, NotFound
 from pagedserve.protocol.block_ops import AppendOp, FreeOp, OpStatus
 from pagedserve.protocol.sampling_params import SamplingParams
 
+log = logging.getLogger(__name__)
+
+# Why structured output is refused by an engine built without the model's tokenizer.json.
+NO_TOKENIZER = ("structured output needs the model's tokenizer, which this engine was built "
+                "without")
+
 
 def blocks_per_seq(max_model_len: int, config: SchedulerConfig) -> int:
     """The most blocks a sequence's table holds: its window plus the reserved lookahead."""
@@ -45,12 +52,15 @@ def blocks_per_seq(max_model_len: int, config: SchedulerConfig) -> int:
 class Engine:
     def __init__(self, runner: ForwardPass, sampler: TokenSampler, allocator: BlockAllocator,
                  scheduler_config: SchedulerConfig, *, vocab_size: int, max_model_len: int,
-                 eos_token_ids: Seq[int], grammars: GrammarCompiler | None = None) -> None:
+                 eos_token_ids: Seq[int], grammars: GrammarCompiler | None = None,
+                 no_grammars_reason: str = NO_TOKENIZER) -> None:
         """An engine over any forward pass and sampler: `for_model` builds the real ones; the
         fleet simulator (bench/fleet/) passes a timed wait and seeded random tokens.
-        `grammars` compiles structured output for the model's tokenizer; None refuses it."""
+        `grammars` compiles structured output for the model's tokenizer; None refuses it,
+        saying `no_grammars_reason`."""
         self.runner, self.sampler, self.allocator = runner, sampler, allocator
         self.grammars = grammars
+        self.no_grammars_reason = no_grammars_reason
         self.token_masks = TokenMaskWorker(vocab_size) if grammars is not None else None
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -74,12 +84,20 @@ class Engine:
                             scheduler_config.max_num_batched_tokens,
                             blocks_per_seq(max_model_len, scheduler_config),
                             scheduler_config.block_size, kv_cache.device)
-        grammars = (None if tokenizer_json is None else
-                    GrammarCompiler(tokenizer_json, model.config.vocab_size, eos_token_ids))
+        grammars, no_grammars_reason = None, NO_TOKENIZER
+        if tokenizer_json is not None:
+            try:
+                grammars = GrammarCompiler(tokenizer_json, model.config.vocab_size,
+                                           eos_token_ids)
+            except UnreadableTokenizer as error:
+                # A tokenizer the grammar engine cannot read costs structured output, not the
+                # whole executor.
+                no_grammars_reason = str(error)
+                log.warning("%s; serving free text only", error)
         return cls(ModelRunner(model, kv_cache, inputs), Sampler(sampler_seed), allocator,
                    scheduler_config, vocab_size=model.config.vocab_size,
                    max_model_len=max_model_len, eos_token_ids=eos_token_ids,
-                   grammars=grammars)
+                   grammars=grammars, no_grammars_reason=no_grammars_reason)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -124,8 +142,7 @@ class Engine:
         if params.structured is None:
             return None
         if self.grammars is None:
-            raise InvalidArgument("structured output needs the model's tokenizer, which this "
-                                  "engine was built without")
+            raise InvalidArgument(self.no_grammars_reason)
         return self.grammars.matcher(params.structured)
 
     def _beam_search(self, params: SamplingParams, num_prompt_tokens: int) -> BeamSearch:

@@ -92,6 +92,12 @@ def closed_objects(schema):
     return closed
 
 
+class UnreadableTokenizer(ValueError):
+    """llguidance cannot build its token tables from this tokenizer.json (a WordLevel
+    vocabulary with no decoder, say). The executor then serves free text and refuses
+    structured output with this message, rather than not starting at all."""
+
+
 class GrammarCompiler:
     """Compiles constraints for one tokenizer, keeping the most recent GRAMMAR_CACHE_SIZE."""
 
@@ -99,10 +105,16 @@ class GrammarCompiler:
                  cache_size: int = GRAMMAR_CACHE_SIZE) -> None:
         """`vocab_size` is the model's (the logits' width), which may exceed the tokenizer's;
         the ids past the tokenizer's are never allowed. End-of-sequence tokens are allowed
-        exactly where the grammar may end."""
+        exactly where the grammar may end. Raises UnreadableTokenizer when llguidance cannot
+        read the tokenizer."""
         self.vocab_size = vocab_size
-        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
-                                                eos_token=sorted(eos_token_ids))
+        try:
+            self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
+                                                    eos_token=sorted(eos_token_ids))
+        except ValueError as error:
+            raise UnreadableTokenizer(
+                f"structured output is off for this model: llguidance cannot read its "
+                f"tokenizer.json ({error})") from None
         self.cache_size = cache_size
         self._cache: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
         # add_request may run on a session thread while the engine loop compiles another.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,25 @@ def test_invalid_constraint_is_refused_before_anything_runs(engine, kind, spec, 
     with pytest.raises(InvalidArgument, match=words):
         engine.add_request(f"bad-{kind}", PROMPT, constrained(kind, spec))
     assert f"bad-{kind}" not in engine.requests
+
+
+def test_a_tokenizer_llguidance_cannot_read_costs_structured_output_only(tmp_path_factory):
+    # A WordLevel vocabulary with no decoder (what bench.serve --gpu writes): llguidance has
+    # no byte mapping for it. The executor must still start and serve free text.
+    from tokenizers import Tokenizer, models
+
+    directory = tmp_path_factory.mktemp("word-level") / "model"
+    shutil.copytree(embedded_model_dir(tmp_path_factory.mktemp("cache")), directory)
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB_SIZE)}, unk_token="t0")).save(
+        str(directory / "tokenizer.json"))
+    engine = build_engine(directory, EngineOptions(num_blocks=64, max_num_seqs=4),
+                          LocalBlockAllocator())
+    with pytest.raises(InvalidArgument, match=r"structured output is off for this model: "
+                                              r"llguidance cannot read its tokenizer\.json"):
+        engine.add_request("constrained", PROMPT, constrained("json_object"))
+    assert "constrained" not in engine.requests
+    (completion,) = generate(engine, [PROMPT], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert len(completion.choices[0]) == 5
 
 
 def test_structured_output_with_beam_search_is_refused():
