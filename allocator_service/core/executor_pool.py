@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 
 from allocator_service.core.block import Block, PrefixKey
-from allocator_service.core.block_hash import (BlockHash, HashFn, hash_packed, packed_slice,
-                                               root_hash)
+from allocator_service.core.block_hash import (BlockHash, HashFn, PackedTokens, hash_packed,
+                                               packed_slice, root_hash)
 from allocator_service.core.block_pool import BlockPool
 from allocator_service.core.errors import SequenceExists, UnknownSequence
 from allocator_service.core.sequence import Sequence
 from pagedserve.common.errors import ResourceExhausted
 from pagedserve.protocol.block_ops import Allocation, SeqId
+from pagedserve.protocol.token_bytes import TOKEN_BYTES
 
 
 class PromptTooLarge(ResourceExhausted):
@@ -33,13 +33,25 @@ def blocks_for(num_slots: int, block_size: int) -> int:
 MAX_REMEMBERED_ROOTS = 1024
 
 
-@dataclass(slots=True, frozen=True)
 class Growth:
     """What an Append changed in the block table. Defined in the core, not beside the ops in
-    pagedserve/protocol, so that the compiled core builds one without running Python code."""
-    new_blocks: list[int]
-    # (src, dst): copy src's K/V into dst before computing; dst replaced src in the table.
-    copies: list[tuple[int, int]]
+    pagedserve/protocol, so that the compiled core builds one without running Python code: a
+    plain class, because mypyc compiles a dataclass's __init__ as interpreted Python (a frozen
+    one paid about 2 % of a fleet replay's Step path building these)."""
+
+    __slots__ = ("new_blocks", "copies")
+
+    def __init__(self, new_blocks: list[int], copies: list[tuple[int, int]]) -> None:
+        self.new_blocks = new_blocks
+        # (src, dst): copy src's K/V into dst before computing; dst replaced src in the table.
+        self.copies = copies
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Growth) and self.new_blocks == other.new_blocks
+                and self.copies == other.copies)
+
+    def __repr__(self) -> str:
+        return f"Growth(new_blocks={self.new_blocks!r}, copies={self.copies!r})"
 
 
 # An Append that needed no new block and no copy (most decode steps). Shared, never mutated.
@@ -215,16 +227,24 @@ class ExecutorPool:
     def _cache_computed_blocks(self, seq: Sequence) -> None:
         """Hashes every full block below the computed mark, in order, into the prefix cache."""
         size = self.block_size
-        hash_fn = self.blocks.hash_fn
-        while seq.num_hashed_blocks < seq.num_computed_tokens // size:
-            start = seq.num_hashed_blocks * size
-            block_tokens = packed_slice(seq.token_ids, start, start + size)
-            block_hash = hash_fn(seq.chain_hash, block_tokens)
-            seq.chain_key = self.blocks.register(
-                seq.block_table[seq.num_hashed_blocks], block_hash, seq.chain_hash,
-                seq.chain_key, block_tokens)
-            seq.chain_hash = block_hash
-            seq.num_hashed_blocks += 1
+        first, end = seq.num_hashed_blocks, seq.num_computed_tokens // size
+        if end <= first:
+            return
+        hash_fn, register, table = self.blocks.hash_fn, self.blocks.register, seq.block_table
+        # The new full blocks' tokens cut from the array once, then per block as bytes: an
+        # Append at --reserve-blocks R fills about R blocks, and cutting each from the array
+        # made an array object and a bytes object per block.
+        packed = packed_slice(seq.token_ids, first * size, end * size)
+        width = size * TOKEN_BYTES
+        chain_hash_, chain_key = seq.chain_hash, seq.chain_key
+        for index in range(first, end):
+            offset = (index - first) * width
+            block_tokens = (packed if end - first == 1 else
+                            PackedTokens(packed[offset:offset + width]))
+            block_hash = hash_fn(chain_hash_, block_tokens)
+            chain_key = register(table[index], block_hash, chain_hash_, chain_key, block_tokens)
+            chain_hash_ = block_hash
+        seq.chain_hash, seq.chain_key, seq.num_hashed_blocks = chain_hash_, chain_key, end
 
     # -- fork and free -----------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from allocator_service.core.compiled_build import compiled_package_dir
 from allocator_service.server.config import build_parser as allocator_flags
-from bench.fleet.capacity import STORES, Snapshots, Timing, record, replay_point
+from bench.fleet.capacity import (STORES, Snapshots, Timing, record, record_streams,
+                                  replay_point)
 from bench.fleet.plot import write_plot
 from bench.fleet.profile import cost_per_executor_second
 from bench.fleet.replay import TRANSPORTS
@@ -53,7 +54,9 @@ def compare_intervals(results: FleetResults, it: float, streams: list, args, tim
                          args.baseline_interval, args.reserve_blocks)
     progress.update(1)
     n = args.baseline_executors
-    for interval, paths in ((args.baseline_interval, baseline), (args.step_interval, streams)):
+    # As many distinct streams on each side: the baseline records one batch of recorders.
+    for interval, paths in ((args.baseline_interval, baseline),
+                            (args.step_interval, streams[:len(baseline)])):
         progress.set_description(f"{it:g} ms: {n} executors at step interval {interval}")
         results.interval_points.append((interval, Point(it, "memory", replay_point(
             paths, n, "memory", timing, work, seed=99, transport=args.transport))))
@@ -87,14 +90,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="iteration times to simulate, comma-separated")
     parser.add_argument("--executors", default="4,8,16,24,32,48,64,96,128",
                         help="N of the replay sweep, comma-separated")
+    parser.add_argument("--streams", type=int, default=8,
+                        help="distinct Step streams recorded per iteration time (replayed "
+                             "executor k plays stream k mod this)")
     parser.add_argument("--recorders", type=int, default=2,
-                        help="simulated executors recording streams live")
+                        help="simulated executors recording streams live at a time")
     parser.add_argument("--running", type=int, default=256,
                         help="sequences each simulated executor keeps running")
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--step-interval", type=int, default=4,
                         help="the simulated executors' --step-interval (coalesced Steps)")
-    parser.add_argument("--reserve-blocks", type=int, default=2,
+    parser.add_argument("--reserve-blocks", type=int, default=4,
                         help="the simulated executors' --reserve-blocks (blocks an Append "
                              "reserves ahead)")
     parser.add_argument("--baseline-interval", type=int, default=1,
@@ -127,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{today()} on {machine_description()}", command_line(),
         workload.describe().replace(f"{workload.arrival_rate:.1f} requests/s",
                                     "the rate that keeps the batch full"),
-        f"Streams recorded live for {timing.record_s:g} s by {args.recorders} simulated "
-        f"executors per iteration time; each replay starts its executors over "
-        f"{timing.spread_s:g} s, warms up for {timing.warmup_s:g} s and measures "
+        f"{args.streams} streams recorded live for {timing.record_s:g} s per iteration time, "
+        f"by {args.recorders} simulated executors at a time; each replay starts its executors "
+        f"over {timing.spread_s:g} s, warms up for {timing.warmup_s:g} s and measures "
         f"{timing.measure_s:g} s. Simulated executors coalesce Steps with --step-interval "
         f"{args.step_interval} and reserve --reserve-blocks {args.reserve_blocks} blocks per "
         f"Append; the allocator core is {core_build()}; replayed Steps travel over the "
@@ -143,13 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                  + 3 * group + snapshotting)
         with tqdm(total=total, unit="run", file=sys.stderr) as progress:
             for it in iterations:
-                progress.set_description(f"{it:g} ms: recording {args.recorders} executors")
-                streams, summaries = record(work / f"{it:g}ms", it, args.recorders, timing,
-                                            args.running, args.step_interval,
-                                            args.reserve_blocks)
+                progress.set_description(f"{it:g} ms: recording {args.streams} streams")
+                streams, summaries = record_streams(work / f"{it:g}ms", it, args.streams,
+                                                    args.recorders, timing, args.running,
+                                                    args.step_interval, args.reserve_blocks)
                 progress.set_description(f"{it:g} ms: the Step path in one process")
+                # The machine's speed on the first two streams, as every report gives it.
                 results.recordings.append(Recording(it, summaries,
-                                                    cost_per_executor_second(streams)))
+                                                    cost_per_executor_second(streams[:2])))
                 progress.update(1)
                 saturated: set[str] = set()
                 for index, n in enumerate(sweep):

@@ -35,33 +35,58 @@ STORES = ("memory", "redis")
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    record_s: float = 40.0
-    warmup_s: float = 8.0
+    # Long enough that the measured window lies where a fleet's pools spend their lives: past
+    # the first pass through their free lists. Until then a taken block held no cached prefix;
+    # after it nearly every one does and is evicted (at 20 ms an executor of 24,576 blocks gets
+    # there about 25 s in, and its Steps then cost the allocator about 40 % more).
+    record_s: float = 60.0
+    warmup_s: float = 30.0
     measure_s: float = 20.0
     spread_s: float = 3.0
 
 
 def record(out_dir: Path, iteration_ms: float, recorders: int, timing: Timing,
-           running: int, step_interval: int, reserve_blocks: int = 1
+           running: int, step_interval: int, reserve_blocks: int = 1, first_seed: int = 0
            ) -> tuple[list[Path], list[dict]]:
-    """Runs `recorders` simulated executors at once; their stream files and summaries."""
+    """Runs `recorders` simulated executors at once, seeded first_seed, first_seed + 1, ...;
+    their stream files and summaries."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"sim-{iteration_ms:g}ms-k{step_interval}-r{reserve_blocks}-{k}.stream"
-             for k in range(recorders)]
+    seeds = range(first_seed, first_seed + recorders)
+    paths = [out_dir / f"sim-{iteration_ms:g}ms-k{step_interval}-r{reserve_blocks}-{seed}.stream"
+             for seed in seeds]
     with AllocatorProcess("--lease-ttl", LEASE_TTL) as allocator:
         sims = [subprocess.Popen(
             [sys.executable, "-m", "bench.fleet.sim_executor", "--target", allocator.target,
-             "--executor-id", f"sim-{k}", "--seconds", str(timing.record_s),
-             "--iteration-ms", str(iteration_ms), "--running", str(running), "--seed", str(k),
+             "--executor-id", f"sim-{seed}", "--seconds", str(timing.record_s),
+             "--iteration-ms", str(iteration_ms), "--running", str(running), "--seed", str(seed),
              "--step-interval", str(step_interval), "--reserve-blocks", str(reserve_blocks),
              "--out", str(path)], stdout=subprocess.PIPE, text=True)
-            for k, path in enumerate(paths)]
+            for seed, path in zip(seeds, paths)]
         summaries = []
         for sim in sims:
             out, _ = sim.communicate()
             if sim.returncode != 0:
                 raise RuntimeError(f"a simulated executor failed (exit {sim.returncode})")
             summaries.append(json.loads(out.strip().splitlines()[-1]))
+    return paths, summaries
+
+
+def record_streams(out_dir: Path, iteration_ms: float, streams: int, recorders: int,
+                   timing: Timing, running: int, step_interval: int, reserve_blocks: int = 1
+                   ) -> tuple[list[Path], list[dict]]:
+    """`streams` distinct streams (each simulated executor seeded apart), recorded `recorders`
+    at a time: the replay plays executor k from stream k mod streams, so the more distinct
+    streams, the less the replayed executors' load rises and falls together (with 2, every
+    burst of a recording came back from half the fleet within the start spread)."""
+    paths: list[Path] = []
+    summaries: list[dict] = []
+    for first in range(0, streams, recorders):
+        batch_paths, batch_summaries = record(out_dir, iteration_ms, min(recorders,
+                                                                         streams - first),
+                                              timing, running, step_interval, reserve_blocks,
+                                              first_seed=first)
+        paths += batch_paths
+        summaries += batch_summaries
     return paths, summaries
 
 

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="executors per stream (8 × 2 streams: a 16-executor allocator)")
     parser.add_argument("--iteration-ms", type=float, default=20.0)
     parser.add_argument("--record-s", type=float, default=30.0)
-    parser.add_argument("--reserve-blocks", type=int, default=2,
+    parser.add_argument("--reserve-blocks", type=int, default=4,
                         help="the recording executors' --reserve-blocks (as bench.fleet's)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fleet-profile-") as scratch:

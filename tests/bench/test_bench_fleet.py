@@ -144,7 +144,7 @@ def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
     before = (ROOT / "docs" / "benchmarks.md").read_bytes()
     run = subprocess.run(
         [sys.executable, "-m", "bench.fleet", "--quick", "--iterations-ms", "20", "--executors",
-         "2", "--recorders", "1", "--running", "32", "--stores", "memory",
+         "2", "--streams", "2", "--recorders", "1", "--running", "32", "--stores", "memory",
          "--baseline-interval", "0", "--group-shards", "2", "--group-executors", "3"],
         cwd=tmp_path, env=BENCH_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
