@@ -21,6 +21,7 @@ from pagedserve.protocol.sampling_params import InvalidSamplingParams, SamplingP
 from tests.support.model_checkpoints import ARCHITECTURES, random_prompts, write_checkpoint
 
 MAX_NEW = 10
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 # (length_penalty, early_stopping): transformers' default, and each other branch it has.
 SETTINGS = [(1.0, False), (0.5, True), (2.0, "never"), (-1.0, "never")]
 
@@ -30,8 +31,9 @@ def transformers_beams(model, prompt: list[int], width: int, n: int, stop: int |
                        max_new: int = MAX_NEW) -> tuple[list[list[int]], list[float]]:
     """transformers' n best hypotheses (generated tokens, padding cut) and their scores."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
-                             num_beams=width, num_return_sequences=n,
+        out = model.generate(torch.tensor([prompt], device=model.device),
+                             max_new_tokens=max_new, do_sample=False, num_beams=width,
+                             num_return_sequences=n,
                              length_penalty=length_penalty, early_stopping=early_stopping,
                              eos_token_id=stop, pad_token_id=0, return_dict_in_generate=True,
                              output_scores=True)
@@ -145,6 +147,24 @@ def test_engine_beams_in_a_crowded_batch_with_chunked_prefill(checkpoint):
     completions = run_checked(engine, beams + others)
     for completion, (prompt, params) in zip(completions, beams):
         assert_matches(model, completion, prompt, params)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_engine_beams_on_cuda_match_transformers_on_cuda(checkpoint):
+    """The same crowded batch with the KV cache, the model and the paged kernels on the GPU
+    (float32), against transformers' beam search on the GPU."""
+    directory, _, prompts, stop = checkpoint
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to("cuda")
+    engine = build_engine(directory, EngineOptions(device="cuda", dtype="float32",
+                                                   num_blocks=160, max_num_batched_tokens=16),
+                          LocalBlockAllocator())
+    beams = [(prompts[0], beam(2, stop)), (prompts[1], beam(4, stop, n=2)),
+             (prompts[2], beam(8, stop))]
+    others = [(prompts[2], SamplingParams(temperature=0, max_tokens=MAX_NEW))]
+    completions = run_checked(engine, beams + others)
+    for completion, (prompt, params) in zip(completions, beams):
+        assert_matches(model.eval(), completion, prompt, params)
 
 
 def test_engine_beams_through_a_prefix_cache_hit_and_preemption(checkpoint):

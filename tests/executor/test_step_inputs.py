@@ -125,3 +125,21 @@ def test_only_a_pure_decode_that_fits_is_padded():
         buffers.prepare([a, b], [], pad_decode_to=1)
     with pytest.raises(ValueError, match="only a pure decode"):
         buffers.prepare([a], [(b, 1)], pad_decode_to=4)
+
+
+def test_buffers_grown_in_inference_mode_take_writes_outside_it():
+    # A CUDA-graph capture (under inference mode) reserves rows for its largest batch; with
+    # --max-num-batched-tokens below --max-num-seqs that grows the token buffers. Tensors made
+    # in inference mode refuse in-place writes outside it: the first step then failed on a GPU
+    # (where upload() copies into the device side; here both sides are one tensor, so the test
+    # checks what the step hands out).
+    step_inputs = inputs(max_num_seqs=8, max_num_tokens=2)
+    with torch.inference_mode():
+        step_inputs.graph_inputs(8)
+    a, b, c = running("a", 6, 5, [7, 3]), running("b", 9, 8, [1, 2, 9]), running("c", 4, 3, [5])
+    step = step_inputs.prepare([a, b, c], [])
+    handed_out = [step.token_ids, step.positions, step.batch.slot_mapping,
+                  step.batch.decode_block_tables, step.batch.decode_context_lens]
+    assert not any(tensor.is_inference() for tensor in handed_out)
+    assert step.token_ids.tolist() == [105, 108, 103]
+    assert step.batch.decode_block_tables.tolist() == [[7, 3, -1], [1, 2, 9], [5, -1, -1]]
