@@ -239,8 +239,8 @@ class ExecutorPool:
         chain_hash_, chain_key = seq.chain_hash, seq.chain_key
         for index in range(first, end):
             offset = (index - first) * width
-            block_tokens = (packed if end - first == 1 else
-                            PackedTokens(packed[offset:offset + width]))
+            # A slice of the whole of `packed` (one block) is `packed` itself, not a copy.
+            block_tokens = PackedTokens(packed[offset:offset + width])
             block_hash = hash_fn(chain_hash_, block_tokens)
             chain_key = register(table[index], block_hash, chain_hash_, chain_key, block_tokens)
             chain_hash_ = block_hash

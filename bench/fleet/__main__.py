@@ -1,6 +1,6 @@
 """Fleet benchmark: how many executors one allocator process serves at GPU step rates.
 
-    .venv/bin/python -m bench.fleet            # full run (about 15 minutes)
+    .venv/bin/python -m bench.fleet            # full run (about 40 minutes)
     .venv/bin/python -m bench.fleet --quick    # smoke run; writes nothing unless told
 
 For each iteration time, a few simulated executors record their Step streams live; then, for

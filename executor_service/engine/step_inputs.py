@@ -70,12 +70,12 @@ class StepInputs:
     # -- buffers --------------------------------------------------------------------------------
 
     def _buffer(self, shape, dtype: torch.dtype, fill: int = 0) -> MirroredBuffer:
-        # Normal tensors even when grown inside inference mode (a CUDA-graph capture reserves
-        # its largest batch there): an inference tensor refuses the in-place writes of every
-        # later step, which runs outside it.
-        with torch.inference_mode(False):
-            return MirroredBuffer(shape, dtype, self.device, fill)
+        return MirroredBuffer(shape, dtype, self.device, fill)
 
+    # The buffers are normal tensors even when grown inside inference mode (a CUDA-graph
+    # capture reserves its largest batch there): an inference tensor refuses the in-place
+    # writes of every later step, which runs outside it.
+    @torch.inference_mode(False)
     def _allocate_token_buffers(self, size: int) -> None:
         self._token_ids = self._buffer((size,), torch.int64)
         self._positions = self._buffer((size,), torch.int64)
@@ -83,12 +83,12 @@ class StepInputs:
         self._sample_rows = self._buffer((size,), torch.int64)
         self.generation += 1
 
+    @torch.inference_mode(False)
     def _allocate_seq_buffers(self, size: int, width: int) -> None:
         self._context_lens = self._buffer((size,), torch.int32)
         self._seq_lens = self._buffer((size,), torch.int32)
         self._query_start = self._buffer((size + 1,), torch.int32)
-        with torch.inference_mode(False):  # as _buffer's
-            self._row_index = torch.zeros(size, dtype=torch.int64)
+        self._row_index = torch.zeros(size, dtype=torch.int64)
         # Gathered block tables, one set for the decode rows and one for the prefill rows.
         self._decode_tables = self._buffer((size, width), torch.int32, fill=-1)
         self._prefill_tables = self._buffer((size, width), torch.int32, fill=-1)

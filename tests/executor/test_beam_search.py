@@ -155,7 +155,7 @@ def test_engine_beams_on_cuda_match_transformers_on_cuda(checkpoint):
     """The same crowded batch with the KV cache, the model and the paged kernels on the GPU
     (float32), against transformers' beam search on the GPU."""
     directory, _, prompts, stop = checkpoint
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to("cuda")
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to("cuda").eval()
     engine = build_engine(directory, EngineOptions(device="cuda", dtype="float32",
                                                    num_blocks=160, max_num_batched_tokens=16),
                           LocalBlockAllocator())
@@ -164,7 +164,7 @@ def test_engine_beams_on_cuda_match_transformers_on_cuda(checkpoint):
     others = [(prompts[2], SamplingParams(temperature=0, max_tokens=MAX_NEW))]
     completions = run_checked(engine, beams + others)
     for completion, (prompt, params) in zip(completions, beams):
-        assert_matches(model.eval(), completion, prompt, params)
+        assert_matches(model, completion, prompt, params)
 
 
 def test_engine_beams_through_a_prefix_cache_hit_and_preemption(checkpoint):
