@@ -18,7 +18,7 @@ from executor_service.model.model_config import ModelConfig
 from executor_service.model.tokenizer_files import load_tokenizer_files
 from executor_service.servicer import ExecutorServicer
 from executor_service.serving_loop import ServingLoop
-from pagedserve.common.allocator_shards import shard_of
+from pagedserve.common.allocator_shards import executor_shard
 from pagedserve.common.logs import setup_logging
 from pagedserve.common.server import GrpcService
 from pagedserve.executor.v1 import executor_pb2 as pb
@@ -34,8 +34,8 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
     directory = config.model or embedded_model_dir()
     model_config = ModelConfig.from_dir(directory, max_model_len=config.engine.max_model_len)
     tokenizer = load_tokenizer_files(directory, model_config.vocab_size)
-    # In an allocator group, the shard this executor's id hashes to owns its pool.
-    shard = shard_of(executor_id, config.allocator_group)
+    # In an allocator group, the shard its index (or else its id) hashes to owns its pool.
+    shard = executor_shard(executor_id, config.executor_index, config.allocator_group)
     if len(config.allocator_group) > 1:
         logging.getLogger(__name__).info(
             "registering with allocator %s, shard %d of %d", shard,

@@ -29,6 +29,9 @@ class ExecutorConfig:
     # PEM CA bundle that verifies a TLS allocator; empty: the allocator channel is plaintext.
     allocator_tls_ca: str
     executor_id: str
+    # The executor's place in a numbered fleet, which picks its shard evenly; None: the id does
+    # (pagedserve/common/allocator_shards.py).
+    executor_index: int | None
     advertise_address: str
     model: Path | None            # None: the embedded default
     # What clients call the model; empty: the checkpoint directory's name.
@@ -67,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--executor-id", default=env("ID", ""),
                         help="id to register under (default: HOSTNAME-PORT) "
                              f"(env {ENV_PREFIX}_ID)")
+    parser.add_argument("--executor-index", type=int, default=env("INDEX", -1),
+                        help="this executor's number in a fleet numbered 0, 1, 2, ...: in an "
+                             "allocator group it picks the shard, keeping the shards even "
+                             "(-1, the default: the executor id picks it) "
+                             f"(env {ENV_PREFIX}_INDEX)")
     parser.add_argument("--advertise-address", default=env("ADVERTISE_ADDRESS", ""),
                         help="HOST:PORT the gateway reaches this executor at "
                              "(default: --host:bound port) "
@@ -196,6 +204,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
         server=server, allocator_group=allocator_group,
         allocator_token=args.allocator_token or args.auth_token,
         allocator_tls_ca=args.tls_ca, executor_id=args.executor_id,
+        executor_index=None if args.executor_index < 0 else args.executor_index,
         advertise_address=args.advertise_address,
         model=Path(args.model) if args.model else None,
         served_model_name=args.served_model_name, engine=engine,

@@ -18,9 +18,9 @@ of pagedserve/protocol/step_frames.py) when its registration names one, as the e
 client does; `--transport grpc` sends them as Step RPCs instead, to measure that path.
 
 An allocator group is replayed the same way: `--target` lists its shards and
-`--allocator-pid` their processes, and executor `replay-k` registers with the shard its id
-hashes to, as a real executor does (pagedserve/common/allocator_shards.py). Each shard's CPU
-time is kept apart.
+`--allocator-pid` their processes, and executor `replay-k` registers with the shard its index k
+gives it, as the k-th executor of `pagedserve up` does (pagedserve/common/allocator_shards.py).
+Each shard's CPU time is kept apart.
 
     python -m bench.fleet.replay --target HOST:PORT --allocator-pid PID --executors 32 \\
         --out result.json sim-0.stream sim-1.stream
@@ -44,7 +44,7 @@ from bench.fleet.step_stream import StepStream, step_body
 from bench.serve.stack import cpu_seconds
 from executor_service.step_channel_client import target_host
 from pagedserve.allocator.v1 import allocator_pb2 as pb
-from pagedserve.common.allocator_shards import parse_allocator_group, shard_of
+from pagedserve.common.allocator_shards import balanced_owners, parse_allocator_group
 from pagedserve.protocol.step_frames import LENGTH, frame, hello_frame, payload_length, reply_body
 
 TRANSPORTS = ("channel", "grpc")
@@ -180,7 +180,7 @@ async def replay(shards: Sequence[str], streams: list[StepStream], executors: in
     window = Window(now + warmup_s, now + warmup_s + measure_s)
     result = ReplayResult(executors, measure_s)
     ids = [replayed_executor_id(k) for k in range(executors)]
-    owners = [shards.index(shard_of(executor_id, shards)) for executor_id in ids]
+    owners = [shards.index(shard) for shard in balanced_owners(executors, shards)]
     result.shard_targets = list(shards)
     result.shard_executors = [owners.count(index) for index in range(len(shards))]
     # A few channels per shard: one HTTP/2 connection would serialize every stream's frames.

@@ -2,13 +2,14 @@
 allocator's CPU per executor-second, Step latency and stalls, with the capacity they imply."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
 from bench.fleet.capacity import Snapshots
-from bench.fleet.replay import ReplayResult, replayed_executor_id
+from bench.fleet.replay import ReplayResult
 from bench.report import Row, markdown_table, percentile
-from pagedserve.common.allocator_shards import shard_of
+from pagedserve.common.allocator_shards import balanced_owners
 
 # The issue's targets: executors one allocator process serves with no stall and Step p99 within
 # 5 ms, in memory; with Redis (appendfsync everysec) at least 0.7 times as many.
@@ -195,8 +196,8 @@ def replayed_group_ratio(results: FleetResults, point: Point) -> float:
     """The group's capacity over one allocator's as the replayed N alone shows it: one
     allocator holds 1 / c executors per core (c: its median CPU per executor-second); the group
     is full when its busiest shard uses a whole core, so it holds N / (that shard's cores) times
-    the executors it replayed. At a small N the hash spread is far less even than at the N a
-    group is for, and a shard with few executors costs more per executor."""
+    the executors it replayed. A shard with few executors costs more per executor than one
+    with the many a group is for."""
     single = results.cpu_per_executor(point.iteration_ms, "memory")
     r = point.result
     busiest = max(r.shard_cpu_s, default=0.0) / r.window_s
@@ -240,7 +241,7 @@ def group_capacity(results: FleetResults, point: Point) -> GroupCapacity | None:
     """The group's capacity from the replay and the single allocator's line (fixed + per
     executor × N cores): a shard of the group costs what one allocator costs at its executors,
     times the efficiency the replay measured (group_efficiency). The fleet grows an executor at
-    a time (ids as the replay names them, each to the shard rendezvous hashing gives it among
+    a time (numbered as the replay numbers them, each to the shard its index gives it among
     this group's addresses) until the busiest shard would need more than a core. None without a
     line, the replays beside the group or the shards' CPU."""
     line = results.cpu_line(point.iteration_ms, "memory")
@@ -264,17 +265,18 @@ def other_group(shards: int, seed: int) -> list[str]:
 
 def fleet_held(targets: list[str], fixed: float, per_executor: float
                ) -> tuple[int, tuple[int, ...]]:
-    """Grows a fleet an executor at a time (ids as the replay names them, each to the shard
-    rendezvous hashing gives it among `targets`) until the next one would take its shard past
-    a core at fixed + per_executor × N cores; the fleet and its spread."""
+    """Grows a fleet an executor at a time (numbered as the replay numbers them, each to the
+    shard its index gives it among `targets`) until the next one would take its shard past a
+    core at fixed + per_executor × N cores; the fleet and its spread."""
+    # No shard holds more than this, so the fleet ends before every shard holds it.
+    per_shard = max(0, math.floor((1 - fixed) / per_executor) + 1)
     counts = [0] * len(targets)
-    fleet = 0
-    while True:
-        owner = targets.index(shard_of(replayed_executor_id(fleet), targets))
+    for fleet, shard in enumerate(balanced_owners(len(targets) * per_shard + 1, targets)):
+        owner = targets.index(shard)
         if fixed + per_executor * (counts[owner] + 1) > 1:
             return fleet, tuple(counts)
         counts[owner] += 1
-        fleet += 1
+    raise AssertionError("a fleet past every shard's capacity fits")
 
 
 def group_rows(results: FleetResults) -> list[Row]:
@@ -369,8 +371,8 @@ def section_body(results: FleetResults, image: str) -> str:
         markdown_table(summary_rows(results)), "",
         "Coalesced Steps: the same N replayed from streams recorded with and without them:", "",
         markdown_table(interval_rows(results)), "",
-        "An allocator group: the executors spread over the shards by rendezvous hashing "
-        "of their ids, one replay against fresh shards:", "",
+        "An allocator group: the executors spread over the shards by their indexes "
+        "(rendezvous hashing with bounded loads), one replay against fresh shards:", "",
         markdown_table(group_rows(results)), "",
         "Snapshots: the sweep's durable allocators take none; one more durable replay takes "
         "them at the default interval, each by a forked child "

@@ -168,7 +168,7 @@ def executor_services(args: argparse.Namespace, allocator: str, own_session: boo
         port = args.executor_port + index if args.executor_port else 0
         executors.append(SupervisedProcess(f"executor-{index}", [
             sys.executable, "-m", "executor_service", "--port", str(port),
-            "--allocator", allocator, *_token(args),
+            "--allocator", allocator, "--executor-index", str(index), *_token(args),
             *(["--allocator-token", args.auth_token] if args.auth_token else []),
             *(["--model", args.model] if args.model else []),
             *(["--device", devices[index % len(devices)]] if devices else []),

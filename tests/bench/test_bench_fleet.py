@@ -5,7 +5,6 @@ asserted; counts are."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
 import statistics
@@ -21,7 +20,7 @@ from bench.fleet.step_stream import StepStream
 from bench.fleet.workload import FleetWorkload, draw_requests
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
-from pagedserve.common.allocator_shards import shard_of
+from pagedserve.common.allocator_shards import balanced_owners
 from pagedserve.supervisor.service_process import AllocatorProcess
 from tests.support.allocator_group import Shards
 from tests.support.bench_runs import BENCH_ENV
@@ -89,22 +88,19 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsy
     assert (over_rpc.mismatches, over_rpc.channel_executors) == (0, 0)
     assert over_rpc.steps == len(stream.steps)
 
-    # An allocator group: each replayed executor registers with the shard its id hashes to.
+    # An allocator group: replayed executor k registers with the shard its index gives it,
+    # which puts 3 on each of 2 shards whatever their ports.
+    executors = 6
     with Shards.start(2, "--lease-ttl", "600") as shards:
-        # The ports, and so the owners, change every run: replay at least 6 executors, and as
-        # many more as it takes for each shard to own one (6 all land on one shard 1 run in 32).
-        executors = next(count for count in itertools.count(6)
-                         if len({shard_of(replayed_executor_id(k), shards.addresses)
-                                 for k in range(count)}) == 2)
         result = asyncio.run(replay(shards.addresses, [stream], executors, warmup_s=0.0,
                                     measure_s=6.0, spread_s=0.5,
                                     allocator_pids=[p.process.pid for p in shards.processes]))
         listed = [sorted(shards.epochs(index)) for index in range(2)]
         problems = [audit(address) for address in shards.addresses]
-    owners = [shard_of(replayed_executor_id(k), shards.addresses) for k in range(executors)]
+    owners = balanced_owners(executors, shards.addresses)
     assert listed == [sorted(replayed_executor_id(k) for k in range(executors)
                              if owners[k] == address) for address in shards.addresses]
-    assert result.shard_executors == [len(ids) for ids in listed]
+    assert result.shard_executors == [len(ids) for ids in listed] == [3, 3]
     assert result.mismatches == 0 and result.steps == executors * len(stream.steps)
     assert len(result.shard_cpu_s) == 2 and result.allocator_cpu_s == sum(result.shard_cpu_s)
     assert problems == [[], []]

@@ -1,12 +1,12 @@
 """The allocator group's capacity in the fleet report: one allocator's CPU line, the group
-replay's efficiency, and the rendezvous spread of a growing fleet over the group's addresses."""
+replay's efficiency, and the spread of a growing, numbered fleet over the group's addresses."""
 from __future__ import annotations
 
 import math
 
-from bench.fleet.replay import ReplayResult, replayed_executor_id
+from bench.fleet.replay import ReplayResult
 from bench.fleet.report import FleetResults, Point, group_capacity, group_rows
-from pagedserve.common.allocator_shards import shard_of
+from pagedserve.common.allocator_shards import LOAD_BOUND, balanced_owners
 
 WINDOW_S = 20.0
 FIXED, PER_EXECUTOR = 0.02, 0.008  # one allocator: 0.02 + 8 ms × N cores, 122.5 per core
@@ -18,7 +18,7 @@ def results_with_group(shard_cores_scale: float) -> tuple[FleetResults, Point]:
     for n in (8, 32, 64):
         results.points.append(Point(20.0, "memory", ReplayResult(
             n, WINDOW_S, steps=1, allocator_cpu_s=(FIXED + PER_EXECUTOR * n) * WINDOW_S)))
-    owners = [shard_of(replayed_executor_id(k), SHARDS) for k in range(40)]
+    owners = balanced_owners(40, SHARDS)
     spread = [owners.count(shard) for shard in SHARDS]
     cores = [(FIXED + PER_EXECUTOR * n) * shard_cores_scale for n in spread]
     group = Point(20.0, "memory", ReplayResult(
@@ -37,15 +37,14 @@ def results_with_group(shard_cores_scale: float) -> tuple[FleetResults, Point]:
 def largest_fleet(efficiency: float) -> tuple[int, list[int]]:
     """Grows the fleet by hand: executor k joins its shard unless that shard would pass a core."""
     counts = dict.fromkeys(SHARDS, 0)
-    for k in range(10_000):
-        owner = shard_of(replayed_executor_id(k), SHARDS)
+    for k, owner in enumerate(balanced_owners(10_000, SHARDS)):
         if efficiency * (FIXED + PER_EXECUTOR * (counts[owner] + 1)) > 1:
             return k, [counts[shard] for shard in SHARDS]
         counts[owner] += 1
     raise AssertionError("the fleet never filled a shard")
 
 
-def test_shards_that_cost_what_one_allocator_costs_fill_by_the_hash_spread():
+def test_shards_that_cost_what_one_allocator_costs_fill_within_the_load_bound():
     results, group = results_with_group(1.0)
     capacity = group_capacity(results, group)
     assert math.isclose(capacity.efficiency, 1.0)
@@ -56,6 +55,9 @@ def test_shards_that_cost_what_one_allocator_costs_fill_by_the_hash_spread():
     assert max(spread) == math.floor(capacity.single)
     assert sum(spread) == fleet < 4 * capacity.single
     assert math.isclose(capacity.ratio, fleet / capacity.single)
+    # The busiest shard is at most LOAD_BOUND above an even share, so the group holds at
+    # least 4 / LOAD_BOUND allocators (less the one executor that did not fit).
+    assert fleet + 1 >= 4 * math.floor(capacity.single) / LOAD_BOUND
     # Other address lists spread the same fleet otherwise, but never past 4 allocators.
     assert capacity.single <= capacity.low_executors <= capacity.median_executors
     assert capacity.median_executors < 4 * capacity.single

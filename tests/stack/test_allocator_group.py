@@ -1,6 +1,6 @@
-"""The allocator group: which shard owns which executor (rendezvous hashing), the merged view of
-the shards (exactly what one allocator holding every pool reports), and pagedctl against two
-real shards."""
+"""The allocator group: which shard owns which executor (rendezvous hashing, by index or by
+id), the merged view of the shards (exactly what one allocator holding every pool reports), and
+pagedctl against two real shards."""
 from __future__ import annotations
 
 import json
@@ -13,9 +13,11 @@ import pytest
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.inspection import pool_stats, total_stats
 from allocator_service.server.convert import pool_stats_to_proto
+from executor_service.config import parse_config
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.allocator_group import total_of
-from pagedserve.common.allocator_shards import parse_allocator_group, shard_of
+from pagedserve.common.allocator_shards import (LOAD_BOUND, balanced_owners, executor_shard,
+                                               parse_allocator_group, shard_of)
 from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp
 from pagedserve.supervisor.service_process import REPO_ROOT, hermetic_env
 from tests.support.allocator_group import Shards
@@ -65,6 +67,57 @@ def test_executors_spread_evenly_and_a_new_shard_takes_only_its_share():
     shrunk = SHARDS[1:]
     assert all(shard_of(executor_id, shrunk) == owner for executor_id, owner in owners.items()
                if owner != SHARDS[0]), "removing a shard moves only its own pools"
+
+
+def test_a_numbered_fleet_is_placed_by_index_the_same_everywhere():
+    # Pinned, as the ids are: a change would move the pools of every numbered fleet.
+    owners = balanced_owners(8, SHARDS)
+    assert owners == [SHARDS[3], SHARDS[1], SHARDS[2], SHARDS[0], SHARDS[1], SHARDS[0],
+                      SHARDS[2], SHARDS[3]]
+    assert owners == balanced_owners(8, tuple(reversed(SHARDS)))
+    assert balanced_owners(100, SHARDS)[:8] == owners, "a larger fleet places its first alike"
+    # The index alone decides: the id does not enter, and each index is its own question.
+    assert [executor_shard("any-name", k, SHARDS) for k in range(8)] == owners
+    assert executor_shard("executor-3", None, SHARDS) == shard_of("executor-3", SHARDS)
+    with pytest.raises(ValueError, match="0 or more"):
+        executor_shard("x", -1, SHARDS)
+
+
+def test_every_numbered_fleet_is_even_within_the_load_bound():
+    owners = balanced_owners(4000, SHARDS)
+    held = Counter()
+    for placed, owner in enumerate(owners, start=1):
+        held[owner] += 1
+        busiest = max(held.values())
+        assert busiest <= max(-(-placed // 4), LOAD_BOUND * placed / 4), placed
+        if placed <= 36:  # a small fleet: exactly even
+            assert busiest - min(held[shard] for shard in SHARDS) <= 1, placed
+    # By id, the same fleet's first 400 spread as a random draw; by index, within 10 %.
+    by_id = Counter(shard_of(f"executor-{k}", SHARDS) for k in range(400))
+    assert max(Counter(owners[:400]).values()) <= 110 < max(by_id.values())
+
+
+def test_a_new_shard_moves_a_bounded_share_of_a_numbered_fleet():
+    owners = balanced_owners(400, SHARDS)
+    grown = (*SHARDS, "alloc-4:50052")
+    moved = [k for k, owner in enumerate(balanced_owners(400, grown)) if owner != owners[k]]
+    # A fifth must move to fill the new shard; the bound moves some more between old ones.
+    assert 0.2 <= len(moved) / 400 < 0.33, len(moved)
+    shrunk = SHARDS[1:]
+    kept = [k for k, owner in enumerate(balanced_owners(400, shrunk))
+            if owners[k] != SHARDS[0] and owner == owners[k]]
+    assert len(kept) / 300 > 0.8, "removing a shard leaves most of the others' pools"
+
+
+def test_an_executor_is_numbered_by_flag_or_environment_and_refuses_a_bad_number(monkeypatch):
+    group = ["--allocator", ",".join(SHARDS)]
+    assert parse_config(group).executor_index is None, "unnumbered: its id picks the shard"
+    assert parse_config([*group, "--executor-index", "5"]).executor_index == 5
+    monkeypatch.setenv("PAGEDSERVE_EXECUTOR_INDEX", "7")
+    assert parse_config(group).executor_index == 7
+    assert parse_config([*group, "--executor-index", "-1"]).executor_index is None
+    with pytest.raises(SystemExit):
+        parse_config([*group, "--executor-index", "two"])
 
 
 # -- the merged view -----------------------------------------------------------------------------
