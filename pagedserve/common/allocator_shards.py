@@ -11,8 +11,8 @@ out alone, with nothing shared but the list, and the order of the list does not 
   them), and removing one moves only its own. But the shards' shares are a random draw: at a
   few dozen executors per shard the busiest typically holds 10-20 % more than the mean, and
   a group is full when its busiest shard is.
-- **By index** (`--executor-index K`, as `pagedserve up` and the compose files number their
-  executors; a StatefulSet's pod ordinal is one): executors 0, 1, 2, ... are placed in turn,
+- **By index** (`--executor-index K`, as `pagedserve up` numbers its executors; a
+  StatefulSet's pod ordinal is one): executors 0, 1, 2, ... are placed in turn,
   each on the highest-ranked shard still under a bound just above an even share of the
   executors placed so far (consistent hashing with bounded loads, Mirrokni, Thorup and
   Zadimoghaddam, 2018). Every fleet of the first n indexes is then within LOAD_BOUND of even,
