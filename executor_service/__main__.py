@@ -38,8 +38,10 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
     shard = executor_shard(executor_id, config.executor_index, config.allocator_group)
     if len(config.allocator_group) > 1:
         logging.getLogger(__name__).info(
-            "registering with allocator %s, shard %d of %d", shard,
-            config.allocator_group.index(shard) + 1, len(config.allocator_group))
+            "registering with allocator %s, shard %d of %d (placed by %s)", shard,
+            config.allocator_group.index(shard) + 1, len(config.allocator_group),
+            f"executor index {config.executor_index}" if config.executor_index is not None
+            else f"executor id {executor_id!r}")
     allocator = RemoteBlockAllocator(shard, executor_id, address,
                                      token=config.allocator_token,
                                      tls_ca=config.allocator_tls_ca)

@@ -228,6 +228,7 @@ def test_up_with_allocator_shards_starts_a_group_each_shard_in_its_own_namespace
     # up numbers its executors (--executor-index), so the two land one on each shard, which
     # their ids (HOSTNAME-PORT) would do only half the time; and each shard journals under its
     # own namespace: shard 0 the default one, shard 1 its own.
+    assert all(f"(placed by executor index {k})" in out for k in (0, 1)), out[-3000:]
     journals = redis_server.client().keys("pagedserve:allocator*:journal")
     assert sorted(journals) == [b"pagedserve:allocator:journal",
                                 b"pagedserve:allocator:shard-1:journal"]
