@@ -170,6 +170,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
                       ("reserve_blocks", 1)):
         if getattr(args, name) < low:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least {low}")
+    if args.executor_index < -1:
+        raise SystemExit(f"--executor-index must be 0 or more (or -1: none), not "
+                         f"{args.executor_index}")
     if args.max_beam_width > MAX_N:
         # Beam sequence ids stay below 2 * width: as short as the n choices' (convert.py).
         raise SystemExit(f"--max-beam-width must be at most {MAX_N}")

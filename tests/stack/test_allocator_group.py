@@ -118,6 +118,8 @@ def test_an_executor_is_numbered_by_flag_or_environment_and_refuses_a_bad_number
     assert parse_config([*group, "--executor-index", "-1"]).executor_index is None
     with pytest.raises(SystemExit):
         parse_config([*group, "--executor-index", "two"])
+    with pytest.raises(SystemExit, match="--executor-index must be 0 or more"):
+        parse_config([*group, "--executor-index", "-2"])
 
 
 # -- the merged view -----------------------------------------------------------------------------
