@@ -56,5 +56,15 @@ def compiled_package_dir() -> Path | None:
     return None
 
 
+def core_description() -> str:
+    """Which core this process runs, for the allocator's start-up log."""
+    compiled = compiled_package_dir()
+    if compiled is not None:
+        return f"compiled (mypyc, {BUILD_DIR})"
+    if os.environ.get(CHOICE_ENV) == "python":
+        return f"interpreted ({CHOICE_ENV}=python)"
+    return f"interpreted (no current build in {BUILD_DIR}: `make allocator-core` makes one)"
+
+
 def _source(module: str) -> Path:
     return ROOT / (module.replace(".", "/") + ".py")

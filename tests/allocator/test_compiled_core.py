@@ -14,6 +14,8 @@ import pytest
 
 import allocator_service.core.block_pool as block_pool
 from allocator_service.core import compiled_build
+from pagedserve.supervisor.service_process import AllocatorProcess
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_build = pytest.mark.skipif(
@@ -68,3 +70,14 @@ def test_the_python_core_can_be_chosen(monkeypatch):
     monkeypatch.setenv(compiled_build.CHOICE_ENV, "fast")
     with pytest.raises(ImportError, match="expected auto, python or compiled"):
         compiled_build.compiled_package_dir()
+
+
+def test_the_allocator_says_which_core_it_runs():
+    with AllocatorProcess() as allocator:
+        # Logged just after the ready line the process is started on.
+        wait_for(lambda: "allocator: core: " in allocator.stderr_tail(10_000), timeout_s=10)
+        log = allocator.stderr_tail(10_000)
+    # The service's environment has no PAGEDSERVE_* (hermetic_env): it takes a current build.
+    compiled = compiled_build.is_current()
+    assert ("allocator: core: compiled (mypyc" in log) == compiled, log
+    assert ("allocator: core: interpreted (" in log) == (not compiled), log
