@@ -8,8 +8,9 @@ each N of the sweep, a fresh allocator (in memory, then durable on Redis, the or
 from one N to the next) serves N replayed executors. A store's sweep stops at its first
 saturated point. At the first iteration time, an allocator group (--group-shards shards, in
 memory) then serves --group-executors replayed executors, numbered, each registered with the
-shard its number gives it, and one more durable allocator serves --snapshot-executors taking snapshots at the
-default interval. Writes `## Fleet` of docs/benchmarks.md and docs/img/fleet_bench.png.
+shard its number gives it, and one more durable allocator serves --snapshot-executors taking
+snapshots at the default interval. Writes `## Fleet` of docs/benchmarks.md and
+docs/img/fleet_bench.png.
 """
 from __future__ import annotations
 

@@ -81,10 +81,9 @@ def record_streams(out_dir: Path, iteration_ms: float, streams: int, recorders: 
     paths: list[Path] = []
     summaries: list[dict] = []
     for first in range(0, streams, recorders):
-        batch_paths, batch_summaries = record(out_dir, iteration_ms, min(recorders,
-                                                                         streams - first),
-                                              timing, running, step_interval, reserve_blocks,
-                                              first_seed=first)
+        batch = min(recorders, streams - first)
+        batch_paths, batch_summaries = record(out_dir, iteration_ms, batch, timing, running,
+                                              step_interval, reserve_blocks, first_seed=first)
         paths += batch_paths
         summaries += batch_summaries
     return paths, summaries

@@ -250,7 +250,8 @@ def test_the_cpu_image_compiles_the_allocator_core_as_make_does():
     run = " ".join(text.replace("\\\n", " ").split())
     steps = ["pip install --extra-index-url https://download.pytorch.org/whl/cpu .",
              "python -m scripts.build_allocator_core",
-             'PAGEDSERVE_ALLOCATOR_CORE=compiled python -c "import allocator_service.core.allocator"',
+             "PAGEDSERVE_ALLOCATOR_CORE=compiled python -c "
+             '"import allocator_service.core.allocator"',
              "apt-get purge -y --auto-remove gcc libc6-dev"]
     at = [run.find(step) for step in steps]
     assert -1 not in at and at == sorted(at), "install, compile, check it loads, drop the compiler"
