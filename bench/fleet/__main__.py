@@ -34,7 +34,7 @@ from bench.fleet.workload import FleetWorkload
 from bench.report import (add_output_flags, command_line, image_link, machine_description,
                           output_paths, replace_section, text_table, today)
 
-QUICK = Timing(record_s=10.0, warmup_s=3.0, measure_s=4.0, spread_s=1.0)
+QUICK = Timing(record_s=5.0, warmup_s=1.0, measure_s=3.0, spread_s=0.5)
 
 
 def core_build() -> str:
