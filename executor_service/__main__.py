@@ -44,7 +44,8 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
             else f"executor id {executor_id!r}")
     allocator = RemoteBlockAllocator(shard, executor_id, address,
                                      token=config.allocator_token,
-                                     tls_ca=config.allocator_tls_ca)
+                                     tls_ca=config.allocator_tls_ca,
+                                     executor_index=config.executor_index)
     engine = build_engine(directory, config.engine, allocator)
     loop = ServingLoop(engine)
     model = engine.runner.model.config

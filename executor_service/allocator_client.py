@@ -77,7 +77,7 @@ class RemoteStep:
 class RemoteBlockAllocator:
     def __init__(self, target: str, executor_id: str, address: str, *, token: str = "",
                  tls_ca: str = "", call_timeout_s: float = 10.0,
-                 retry_deadline_s: float = 120.0) -> None:
+                 retry_deadline_s: float = 120.0, executor_index: int | None = None) -> None:
         self.channel = open_channel(target, token, tls_ca)
         self.stub = pb_grpc.AllocatorStub(self.channel)
         self._host, self._token, self._tls_ca = target_host(target), token, tls_ca
@@ -88,6 +88,9 @@ class RemoteBlockAllocator:
         self._step_client: StepChannelClient | None = None
         self._step_client_registration = 0
         self.executor_id, self.address = executor_id, address
+        # Its number in the fleet (--executor-index), registered so the allocator can refuse a
+        # second executor with the same one.
+        self.executor_index = executor_index
         self.call_timeout_s, self.retry_deadline_s = call_timeout_s, retry_deadline_s
         self.epoch = 0
         self.lease_ttl_s = 10.0
@@ -102,7 +105,8 @@ class RemoteBlockAllocator:
         """Registers (or re-registers: the pool starts empty), waiting for the allocator."""
         request = pb.RegisterExecutorRequest(
             executor_id=self.executor_id, address=self.address, num_blocks=num_blocks,
-            block_size=block_size, model_fingerprint=model_fingerprint)
+            block_size=block_size, model_fingerprint=model_fingerprint,
+            executor_index=self.executor_index)
         deadline = time.monotonic() + self.retry_deadline_s
         while True:
             try:

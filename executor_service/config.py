@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(env {ENV_PREFIX}_ID)")
     parser.add_argument("--executor-index", type=int, default=env("INDEX", -1),
                         help="this executor's number in a fleet numbered 0, 1, 2, ...: in an "
-                             "allocator group it picks the shard, keeping the shards even "
-                             "(-1, the default: the executor id picks it) "
+                             "allocator group it picks the shard, keeping the shards even; "
+                             "the allocator refuses a number another executor holds "
+                             "(-1, the default: none, the executor id picks the shard) "
                              f"(env {ENV_PREFIX}_INDEX)")
     parser.add_argument("--advertise-address", default=env("ADVERTISE_ADDRESS", ""),
                         help="HOST:PORT the gateway reaches this executor at "

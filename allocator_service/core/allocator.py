@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from allocator_service.core.block_hash import HashFn, hash_packed
-from allocator_service.core.errors import StaleEpoch, StepIdReused, StepIdTooOld, UnknownExecutor
+from allocator_service.core.errors import (ExecutorIndexTaken, StaleEpoch, StepIdReused,
+                                           StepIdTooOld, UnknownExecutor)
 from allocator_service.core.executor_pool import NO_GROWTH, ExecutorPool, PromptTooLarge
 from allocator_service.core.kv_events import KvEventLog, PoolEvents, PoolResetReason
 from allocator_service.core.validation import validate_ops, validate_prompt, validate_registration
@@ -77,6 +78,8 @@ class RegisteredExecutor:
     model_fingerprint: str
     pool: ExecutorPool
     lease_expires_at: float
+    # Its number in the fleet (--executor-index), or None; no two registered executors share one.
+    executor_index: int | None = None
     num_waiting: int = 0
     num_running: int = 0
     last_step_id: int = 0
@@ -119,26 +122,35 @@ class Allocator:
     # -- registration and lease ------------------------------------------------------------
 
     def build_pool(self, executor_id: str, address: str, num_blocks: int, block_size: int,
-                   model_fingerprint: str) -> ExecutorPool:
+                   model_fingerprint: str, executor_index: int | None = None) -> ExecutorPool:
         """Validates a registration and builds its empty pool without touching any state, so
         the server can do it outside its lock (about a second per million blocks)."""
-        validate_registration(self.limits, executor_id, address, num_blocks, block_size)
+        validate_registration(self.limits, executor_id, address, num_blocks, block_size,
+                              executor_index)
         return ExecutorPool(num_blocks, block_size, model_fingerprint, self.hash_fn)
 
     def register_executor(self, executor_id: str, address: str, num_blocks: int,
                           block_size: int, model_fingerprint: str,
-                          pool: ExecutorPool | None = None) -> RegisteredExecutor:
+                          pool: ExecutorPool | None = None,
+                          executor_index: int | None = None) -> RegisteredExecutor:
         """Creates the executor's pool, or resets it if the executor was registered already
         (an executor registers when it starts, so its old KV memory is gone). `pool` is one
-        made by build_pool for the same arguments."""
+        made by build_pool for the same arguments. An index another registered executor holds
+        is refused, changing nothing: registered executors hold distinct indexes (one whose
+        lease lapsed holds its index until its pool is reclaimed)."""
         if pool is None:
             pool = self.build_pool(executor_id, address, num_blocks, block_size,
-                                   model_fingerprint)
+                                   model_fingerprint, executor_index)
+        if executor_index is not None:
+            for other in self.executors.values():
+                if other.executor_index == executor_index and other.executor_id != executor_id:
+                    raise ExecutorIndexTaken(executor_id, executor_index, other.executor_id,
+                                             self.lease_remaining(other))
         self.last_epoch += 1
         executor = RegisteredExecutor(
             executor_id=executor_id, address=address, epoch=self.last_epoch,
             model_fingerprint=model_fingerprint, pool=pool,
-            lease_expires_at=self.clock() + self.lease_ttl_s)
+            lease_expires_at=self.clock() + self.lease_ttl_s, executor_index=executor_index)
         self.add_executor(executor)
         self.events.pool_reset(executor_id, PoolResetReason.REGISTERED, pool.num_blocks,
                                pool.block_size)

@@ -13,6 +13,14 @@ class UnknownExecutor(NotFound):
         )
 
 
+class ExecutorIndexTaken(AlreadyExists):
+    def __init__(self, executor_id: str, index: int, holder: str, lease_remaining_s: float) -> None:
+        super().__init__(
+            f"executor {executor_id!r} registers as executor index {index}, which executor "
+            f"{holder!r} holds (its lease lapses in {lease_remaining_s:.1f} s unless renewed): "
+            "give every executor of the fleet its own --executor-index, or none")
+
+
 class StaleEpoch(FailedPrecondition):
     def __init__(self, executor_id: str, sent: int, current: int) -> None:
         super().__init__(

@@ -15,8 +15,11 @@ _SIGN_BYTE = 3 if sys.byteorder == "little" else 0
 
 
 def validate_registration(limits: Limits, executor_id: str, address: str, num_blocks: int,
-                          block_size: int) -> None:
+                          block_size: int, executor_index: int | None = None) -> None:
     _check_id(limits, "executor_id", executor_id)
+    if executor_index is not None and executor_index < 0:
+        raise InvalidArgument(f"executor_index must be 0 or more (leave it unset for an "
+                              f"executor without a number), got {executor_index}")
     if len(address) > limits.max_id_length:
         raise InvalidArgument(f"address is {len(address)} characters; the limit is "
                               f"{limits.max_id_length}")

@@ -40,6 +40,12 @@ def register(request: pb.RegisterExecutorRequest) -> Command:
     return Command("register", request.SerializeToString(deterministic=True))
 
 
+def executor_index_of(request: pb.RegisterExecutorRequest) -> int | None:
+    """The registration's executor index; None when the field is unset (an executor without a
+    number, and every registration journaled before the field existed)."""
+    return request.executor_index if request.HasField("executor_index") else None
+
+
 def step(request_bytes: bytes) -> Command:
     return Command("step", request_bytes)
 
@@ -70,7 +76,8 @@ def apply(core: Allocator, command: Command) -> None:
             registration = pb.RegisterExecutorRequest.FromString(command.body)
             core.register_executor(registration.executor_id, registration.address,
                                    registration.num_blocks, registration.block_size,
-                                   registration.model_fingerprint)
+                                   registration.model_fingerprint,
+                                   executor_index=executor_index_of(registration))
         elif command.kind == "reclaim":
             core.reclaim([(executor_id, epoch) for executor_id, epoch in json.loads(command.body)])
         elif command.kind == "reset":

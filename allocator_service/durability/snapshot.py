@@ -65,7 +65,8 @@ def restore(core: Allocator, data: Json) -> None:
             executor_id=item["executor_id"], address=item["address"], epoch=item["epoch"],
             model_fingerprint=item["model_fingerprint"], pool=pool,
             lease_expires_at=lease_expires_at, last_step_id=item["last_step_id"],
-            step_log=step_log))
+            # Absent from snapshots written before executors registered a number.
+            executor_index=item.get("executor_index"), step_log=step_log))
 
 
 # -- executors and their step records ---------------------------------------------------------
@@ -74,6 +75,7 @@ def _capture_executor(ex: RegisteredExecutor) -> Json:
     return {
         "executor_id": ex.executor_id, "address": ex.address, "epoch": ex.epoch,
         "model_fingerprint": ex.model_fingerprint, "last_step_id": ex.last_step_id,
+        "executor_index": ex.executor_index,
         "step_log": [[step_id, _identity_hex(recorded), _capture_result(recorded)]
                      for step_id, recorded in ex.step_log.items()],
         "pool": _capture_pool(ex.pool),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from allocator_service.core.errors import ExecutorIndexTaken
 from allocator_service.durability import commands
 from allocator_service.durability.state import AllocatorState
 from allocator_service.server import convert
@@ -25,10 +26,15 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                          context: grpc.ServicerContext) -> pb.RegisterExecutorResponse:
         args = (request.executor_id, request.address, request.num_blocks, request.block_size,
                 request.model_fingerprint)
-        pool = self.state.core.build_pool(*args)  # slow for big pools: outside the lock
-        with self.state.writing() as core:
-            executor = core.register_executor(*args, pool=pool)
-            self.state.commit(commands.register(request))
+        index = commands.executor_index_of(request)
+        pool = self.state.core.build_pool(*args, index)  # slow for big pools: outside the lock
+        try:
+            with self.state.writing() as core:
+                executor = core.register_executor(*args, pool=pool, executor_index=index)
+                self.state.commit(commands.register(request))
+        except ExecutorIndexTaken:
+            pool.discard()  # never installed: let reference counting free it now
+            raise
         freeze_long_lived()
         return pb.RegisterExecutorResponse(epoch=executor.epoch,
                                            lease_ttl_s=self.state.core.lease_ttl_s,

@@ -38,7 +38,7 @@ def executor_to_proto(executor: RegisteredExecutor, lease_remaining_s: float) ->
         num_blocks=executor.pool.num_blocks, block_size=executor.pool.block_size,
         model_fingerprint=executor.model_fingerprint, lease_remaining_s=lease_remaining_s,
         num_waiting=executor.num_waiting, num_running=executor.num_running,
-        last_step_id=executor.last_step_id)
+        last_step_id=executor.last_step_id, executor_index=executor.executor_index)
 
 
 def sequence_to_proto(executor_id: str, seq: Sequence) -> pb.SequenceInfo:

@@ -130,9 +130,10 @@ def show_executors(response: pb.ListExecutorsResponse, shards: dict[str, str] | 
     """The executors; `shards` (executor id -> its allocator) adds a column for a group."""
     shard_column = ["allocator"] if shards else []
     return format_table(
-        ["executor", "address", "epoch", "blocks", "block size", "lease s", "waiting", "running",
-         "last step", "model", *shard_column],
-        [[e.executor_id, e.address, e.epoch, e.num_blocks, e.block_size, e.lease_remaining_s,
+        ["executor", "index", "address", "epoch", "blocks", "block size", "lease s", "waiting",
+         "running", "last step", "model", *shard_column],
+        [[e.executor_id, e.executor_index if e.HasField("executor_index") else "-", e.address,
+          e.epoch, e.num_blocks, e.block_size, e.lease_remaining_s,
           e.num_waiting, e.num_running, e.last_step_id, e.model_fingerprint,
           *([shards[e.executor_id]] if shards else [])]
          for e in response.executors])

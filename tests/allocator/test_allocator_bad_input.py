@@ -89,6 +89,19 @@ REQUEST_ERRORS = [
                  id="executor_id-empty"),
     pytest.param(_registration(executor_id="e" * 257), Code.INVALID_ARGUMENT,
                  "executor_id is 257 characters; the limit is 256", id="executor_id-too-long"),
+    pytest.param(_registration(executor_index=-2), Code.INVALID_ARGUMENT,
+                 "executor_index must be 0 or more (leave it unset for an executor without a "
+                 "number), got -2", id="executor_index-negative"),
+    pytest.param(Call("RegisterExecutor executor_index=7, held by another registered executor",
+                      lambda stub, admin, ex: stub.RegisterExecutor(pb.RegisterExecutorRequest(
+                          executor_id="refused", num_blocks=8, block_size=4, executor_index=7),
+                          timeout=5),
+                      prepare=lambda stub, admin, ex: stub.RegisterExecutor(
+                          pb.RegisterExecutorRequest(executor_id="index-holder", num_blocks=8,
+                                                     block_size=4, executor_index=7),
+                          timeout=5)),
+                 Code.ALREADY_EXISTS, "executor 'refused' registers as executor index 7, which "
+                 "executor 'index-holder' holds", id="executor_index-taken"),
     pytest.param(_step(executor_id="nobody"), Code.NOT_FOUND,
                  "executor 'nobody' is not registered", id="step-unknown-executor"),
     pytest.param(_step(epoch_offset=1000), Code.FAILED_PRECONDITION,

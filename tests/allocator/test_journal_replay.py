@@ -12,7 +12,8 @@ import pytest
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
-from allocator_service.core.errors import StaleEpoch, StepIdReused, UnknownExecutor
+from allocator_service.core.errors import (ExecutorIndexTaken, StaleEpoch, StepIdReused,
+                                           UnknownExecutor)
 from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
 from allocator_service.durability import commands, snapshot
 from allocator_service.durability.commands import Command, CorruptJournal
@@ -440,3 +441,40 @@ def test_a_refusing_store_refuses_changes_before_they_apply():
     assert (server.core.executors, server.core.last_epoch, server.core.events.last_seq) == (
         {}, 0, 0)
     assert server.store.commits == []
+
+
+def snapshot_round_trip(core: Allocator) -> Allocator:
+    again = Allocator(step_log_size=8)
+    snapshot.restore(again, json.loads(json.dumps(snapshot.capture(core))))
+    return again
+
+
+def test_executor_indexes_survive_the_journal_and_a_snapshot_and_still_refuse_a_duplicate():
+    """A duplicate is refused by the allocator that recovered, as by the one that served."""
+    server = Server()
+    numbered = registration("gpu0")
+    numbered.executor_index = 0
+    server.allocator.RegisterExecutor(numbered, None)
+    server.register("plain")
+    duplicate = registration("copy")
+    duplicate.executor_index = 0
+    with pytest.raises(ExecutorIndexTaken, match="index 0, which executor 'gpu0' holds"):
+        server.allocator.RegisterExecutor(duplicate, None)
+    journal = server.store.commands
+    assert [command.kind for command in journal] == ["register", "register"]  # not the refusal
+
+    for recovered in (replay(journal), snapshot_round_trip(replay(journal))):
+        assert {eid: ex.executor_index for eid, ex in recovered.executors.items()} == {
+            "gpu0": 0, "plain": None}
+        with pytest.raises(ExecutorIndexTaken):
+            recovered.register_executor("copy", "copy:1", 11, 4, "m", executor_index=0)
+
+
+def test_a_snapshot_from_before_executor_indexes_restores_them_as_none():
+    core = replay([commands.register(registration("e"))])
+    data = snapshot.capture(core)
+    for item in data["executors"]:
+        del item["executor_index"]
+    again = Allocator(step_log_size=8)
+    snapshot.restore(again, data)
+    assert again.executors["e"].executor_index is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.errors import StaleEpoch, UnknownExecutor
+from allocator_service.core.errors import ExecutorIndexTaken, StaleEpoch, UnknownExecutor
 from pagedserve.common.errors import InvalidArgument
 from pagedserve.protocol.block_ops import AllocateOp, FreeOp
 from pagedserve.protocol.limits import Limits
@@ -157,3 +157,58 @@ def test_a_reclaimed_pool_is_unlinked():
     clock.now = 6.0
     assert allocator.expire_leases() == ["e"]
     assert unlinked(blocks)
+
+
+# -- executor indexes ------------------------------------------------------------------------------
+
+def test_a_second_executor_with_a_taken_index_is_refused_and_changes_nothing():
+    clock = FakeClock()
+    allocator = Allocator(lease_ttl_s=5.0, clock=clock)
+    allocator.register_executor("gpu0", "h:1", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=0)
+    allocator.register_executor("gpu1", "h:2", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=1)
+    clock.now = 2.0
+    with pytest.raises(ExecutorIndexTaken,
+                       match=r"executor 'copy' registers as executor index 1, which executor "
+                             r"'gpu1' holds \(its lease lapses in 3.0 s unless renewed\): give "
+                             r"every executor of the fleet its own --executor-index, or none"):
+        allocator.register_executor("copy", "h:3", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=1)
+    assert sorted(allocator.executors) == ["gpu0", "gpu1"]
+    assert allocator.last_epoch == 2   # the refusal consumed no epoch
+    # Without a number, or with a free one, it registers.
+    assert allocator.register_executor("copy", "h:3", NUM_BLOCKS, BLOCK_SIZE, "m").epoch == 3
+    assert allocator.register_executor("gpu2", "h:4", NUM_BLOCKS, BLOCK_SIZE, "m",
+                                       executor_index=2).executor_index == 2
+    assert [ex.executor_index for ex in allocator.sorted_executors()] == [None, 0, 1, 2]
+
+
+def test_an_executor_re_registers_with_its_own_index_and_may_change_it():
+    allocator = Allocator()
+    allocator.register_executor("gpu0", "h:1", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=0)
+    assert allocator.register_executor("gpu0", "h:1", NUM_BLOCKS, BLOCK_SIZE, "m",
+                                       executor_index=0).epoch == 2
+    allocator.register_executor("gpu0", "h:1", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=5)
+    # Index 0 is free again once its holder took another.
+    allocator.register_executor("gpu1", "h:2", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=0)
+    assert {eid: ex.executor_index for eid, ex in allocator.executors.items()} == {
+        "gpu0": 5, "gpu1": 0}
+
+
+def test_an_index_is_free_once_its_holders_pool_is_reclaimed():
+    clock = FakeClock()
+    allocator = Allocator(lease_ttl_s=5.0, clock=clock)
+    allocator.register_executor("old", "h:1", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=3)
+    clock.now = 6.0
+    # Lapsed but not yet reclaimed: the index is still held (the check reads journaled state
+    # only, so a replay of the journal decides as the live allocator did).
+    with pytest.raises(ExecutorIndexTaken, match="lapses in 0.0 s"):
+        allocator.register_executor("new", "h:2", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=3)
+    assert allocator.expire_leases() == ["old"]
+    assert allocator.register_executor("new", "h:2", NUM_BLOCKS, BLOCK_SIZE, "m",
+                                       executor_index=3).executor_index == 3
+
+
+def test_a_negative_index_is_invalid():
+    allocator = Allocator()
+    with pytest.raises(InvalidArgument, match="executor_index must be 0 or more .* got -1"):
+        allocator.register_executor("e", "h", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=-1)
+    assert allocator.executors == {}

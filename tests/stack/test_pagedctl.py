@@ -66,7 +66,7 @@ def ctl_pool(stub: pb_grpc.AllocatorStub) -> Executor:
         free list (taken first → last): 5 6 7 4 3
     """
     ex = register(stub, CTL, num_blocks=8, block_size=4, address="10.0.0.7:50053",
-                  model_fingerprint="llama-3-8b/fp16/bs4")
+                  model_fingerprint="llama-3-8b/fp16/bs4", executor_index=3)
     ex.heartbeat(num_waiting=2, num_running=1)
     ex.step(allocate("ctl-seq", list(range(1, 11))), allocate("ctl-gone", list(range(101, 110))))
     ex.step(append("ctl-seq", num_computed_tokens=10), append("ctl-gone", num_computed_tokens=9))
@@ -101,22 +101,22 @@ class TestPagedctl:
             "block_size": 4}
         assert pool["usage_percent"] == 37.5
 
-    def test_executors_prints_lease_load_and_last_step(self, server: AllocatorProcess,
-                                                       ctl_pool: Executor) -> None:
+    def test_executors_prints_index_lease_load_and_last_step(
+            self, server: AllocatorProcess, ctl_pool: Executor) -> None:
         done = pagedctl(server.target, "executors")
         assert done.returncode == 0, done.stderr
         row = table_row(done.stdout, CTL)
-        assert row[:5] + row[6:] == [CTL, "10.0.0.7:50053", str(ctl_pool.epoch), "8", "4",
+        assert row[:6] + row[7:] == [CTL, "3", "10.0.0.7:50053", str(ctl_pool.epoch), "8", "4",
                                      "2", "1", "3", "llama-3-8b/fp16/bs4"]
-        assert 0 < float(row[5]) <= 600
+        assert 0 < float(row[6]) <= 600
 
         done = pagedctl(server.target, "--json", "executors")
         (info,) = [e for e in json.loads(done.stdout)["executors"] if e["executor_id"] == CTL]
         assert (info["address"], info["model_fingerprint"]) == ("10.0.0.7:50053",
                                                                "llama-3-8b/fp16/bs4")
         assert [as_int(info, key) for key in ("epoch", "num_blocks", "block_size", "num_waiting",
-                                              "num_running", "last_step_id")] == [
-            ctl_pool.epoch, 8, 4, 2, 1, 3]
+                                              "num_running", "last_step_id", "executor_index")
+                ] == [ctl_pool.epoch, 8, 4, 2, 1, 3, 3]
 
     def test_sequences_lists_the_live_sequence(self, server: AllocatorProcess) -> None:
         done = pagedctl(server.target, "sequences", "--executor", CTL)

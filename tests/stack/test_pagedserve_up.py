@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from pagedserve.allocator.v1 import allocator_pb2 as apb
 from pagedserve.cli.printable import printable
 from pagedserve.cli.up import parse_args
 from pagedserve.supervisor.redis_server import RedisProcess
@@ -229,9 +230,19 @@ def test_up_with_allocator_shards_starts_a_group_each_shard_in_its_own_namespace
     # their ids (HOSTNAME-PORT) would do only half the time; and each shard journals under its
     # own namespace: shard 0 the default one, shard 1 its own.
     assert all(f"(placed by executor index {k})" in out for k in (0, 1)), out[-3000:]
-    journals = redis_server.client().keys("pagedserve:allocator*:journal")
+    client = redis_server.client()
+    journals = client.keys("pagedserve:allocator*:journal")
     assert sorted(journals) == [b"pagedserve:allocator:journal",
                                 b"pagedserve:allocator:shard-1:journal"]
+    # Each executor registered its number, which its shard journaled (a second executor with
+    # the same number would have been refused).
+    registered = []
+    for journal in journals:
+        for _, fields in client.xrange(journal):
+            if fields[b"kind"] == b"register":
+                request = apb.RegisterExecutorRequest.FromString(fields[b"body"])
+                registered.append(request.executor_index)
+    assert sorted(registered) == [0, 1]
     order = shutdown_order(out)
     assert order[0] == "gateway"
     assert sorted(order[-2:]) == ["allocator-0", "allocator-1"], "the allocators go last"

@@ -53,10 +53,11 @@ class Executor:
 
 def register(stub: pb_grpc.AllocatorStub, executor_id: str, num_blocks: int = 8,
              block_size: int = 4, address: str = "127.0.0.1:50053",
-             model_fingerprint: str = "test-model") -> Executor:
+             model_fingerprint: str = "test-model", executor_index: int | None = None
+             ) -> Executor:
     response = stub.RegisterExecutor(pb.RegisterExecutorRequest(
         executor_id=executor_id, address=address, num_blocks=num_blocks, block_size=block_size,
-        model_fingerprint=model_fingerprint), timeout=5)
+        model_fingerprint=model_fingerprint, executor_index=executor_index), timeout=5)
     return Executor(stub, executor_id, response.epoch,
                     step_channel_port=response.step_channel_port)
 

@@ -42,18 +42,20 @@ KV_EVENT_TYPE_BLOCK_REMOVED: KvEventType
 KV_EVENT_TYPE_POOL_RESET: KvEventType
 
 class RegisterExecutorRequest(_message.Message):
-    __slots__ = ("executor_id", "address", "num_blocks", "block_size", "model_fingerprint")
+    __slots__ = ("executor_id", "address", "num_blocks", "block_size", "model_fingerprint", "executor_index")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_INDEX_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     address: str
     num_blocks: int
     block_size: int
     model_fingerprint: str
-    def __init__(self, executor_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
+    executor_index: int
+    def __init__(self, executor_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., executor_index: _Optional[int] = ...) -> None: ...
 
 class RegisterExecutorResponse(_message.Message):
     __slots__ = ("epoch", "lease_ttl_s", "step_channel_port")
@@ -290,7 +292,7 @@ class ListExecutorsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("executor_id", "address", "epoch", "num_blocks", "block_size", "model_fingerprint", "lease_remaining_s", "num_waiting", "num_running", "last_step_id")
+    __slots__ = ("executor_id", "address", "epoch", "num_blocks", "block_size", "model_fingerprint", "lease_remaining_s", "num_waiting", "num_running", "last_step_id", "executor_index")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +303,7 @@ class ExecutorInfo(_message.Message):
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_INDEX_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     address: str
     epoch: int
@@ -311,7 +314,8 @@ class ExecutorInfo(_message.Message):
     num_waiting: int
     num_running: int
     last_step_id: int
-    def __init__(self, executor_id: _Optional[str] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., lease_remaining_s: _Optional[float] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., last_step_id: _Optional[int] = ...) -> None: ...
+    executor_index: int
+    def __init__(self, executor_id: _Optional[str] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., lease_remaining_s: _Optional[float] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., last_step_id: _Optional[int] = ..., executor_index: _Optional[int] = ...) -> None: ...
 
 class ListExecutorsResponse(_message.Message):
     __slots__ = ("executors",)
