@@ -19,7 +19,10 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
-import llguidance.torch
+# llguidance's numpy helpers, not its torch ones: importing llguidance.torch runs a
+# torch.compile decorator, which imports dynamo and inductor (1 to 2 s of CPU at every executor
+# start, grammar or not). The masks live on the CPU, where a tensor's numpy view is its memory.
+import llguidance.numpy as llg_numpy
 import torch
 
 from executor_service.engine.request import Sequence
@@ -51,9 +54,9 @@ class TokenMasks:
             return self._bitmask[index]
         if seq.matcher is None:
             return None
-        bitmask = torch.full(llguidance.torch.get_bitmask_shape(1, self.vocab_size), -1,
+        bitmask = torch.full(llg_numpy.get_bitmask_shape(1, self.vocab_size), -1,
                              dtype=torch.int32)
-        llguidance.torch.fill_next_token_bitmask(seq.matcher, bitmask)
+        llg_numpy.fill_next_token_bitmask(seq.matcher, bitmask.numpy())
         return bitmask[0]
 
 
@@ -76,11 +79,11 @@ class TokenMaskWorker:
         matchers = [seq for seq in sequences if seq.matcher is not None]
         if not matchers:
             return TokenMasks(self.vocab_size)
-        bitmask = torch.full(llguidance.torch.get_bitmask_shape(len(matchers), self.vocab_size),
+        bitmask = torch.full(llg_numpy.get_bitmask_shape(len(matchers), self.vocab_size),
                              -1, dtype=torch.int32)
         pairs = [(seq.matcher, index) for index, seq in enumerate(matchers)]
-        done = self._thread.submit(llguidance.torch.fill_next_token_bitmask_par,
-                                   self._executor, pairs, bitmask)
+        done = self._thread.submit(llg_numpy.fill_next_token_bitmask_par,
+                                   self._executor, pairs, bitmask.numpy())
         return TokenMasks(self.vocab_size, {seq: index for index, seq in enumerate(matchers)},
                           bitmask, done)
 
