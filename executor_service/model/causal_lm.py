@@ -57,7 +57,12 @@ class Segments:
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # The model is built on meta and filled from the checkpoint (loader.py), so its random
+        # init is waste; an explicit weight skips it, and with it the first call of an init
+        # function on meta, which imports torch._dynamo (over a second of an executor's start).
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

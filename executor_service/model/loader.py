@@ -60,8 +60,11 @@ def load_model(directory: Path, config: ModelConfig, dtype: torch.dtype,
     directory = Path(directory)
     with torch.device("meta"):
         model = CausalLM(config)
-    # The dtype first, on meta (free); then real memory, once, in the serving dtype.
-    model = model.to(dtype=dtype).to_empty(device=device)
+    # The dtype first, on meta (free); then real memory, once, in the serving dtype. What
+    # `to_empty` does, with torch.empty: its empty_like of a meta tensor runs torch's Python
+    # reference, which imports sympy (half a second and 50 MB of an executor's start).
+    model = model.to(dtype=dtype)._apply(
+        lambda meta: torch.empty(meta.shape, dtype=meta.dtype, device=device))
     # Fused before loading: each q/k/v and gate/up parameter becomes a view into its fused
     # weight, so the checkpoint's tensors land in place and no fused copy is made afterwards.
     model.fuse_projections()

@@ -43,8 +43,9 @@ def status(key):
 
 directory = Path(sys.argv[1])
 config = ModelConfig.from_dir(directory)
-# torch imports its meta-device kernels (about 150 MB of Python) the first time a module is
-# built on meta: paid here, because it is not the load's memory.
+# Whatever torch imports the first time a module is built on meta is paid here, because it is
+# not the load's memory (it was about 150 MB while that build ran an init function and so
+# imported torch._dynamo; the loader now avoids that, and sympy, see loader.py).
 with torch.device("meta"):
     CausalLM(config)
 before = status("VmRSS")
