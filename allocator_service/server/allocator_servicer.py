@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import grpc
 
-from allocator_service.core.errors import ExecutorIndexTaken
 from allocator_service.durability import commands
 from allocator_service.durability.state import AllocatorState
 from allocator_service.server import convert
@@ -28,12 +27,17 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 request.model_fingerprint)
         index = commands.executor_index_of(request)
         pool = self.state.core.build_pool(*args, index)  # slow for big pools: outside the lock
+        installed = False
         try:
             with self.state.writing() as core:
                 executor = core.register_executor(*args, pool=pool, executor_index=index)
+                installed = True
                 self.state.commit(commands.register(request))
-        except ExecutorIndexTaken:
-            pool.discard()  # never installed: let reference counting free it now
+        except Exception:
+            # Refused before the pool was installed (its index taken, the store down): free it
+            # now, by reference counting, rather than at some later cyclic collection.
+            if not installed:
+                pool.discard()
             raise
         freeze_long_lived()
         return pb.RegisterExecutorResponse(epoch=executor.epoch,

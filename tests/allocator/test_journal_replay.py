@@ -26,6 +26,7 @@ from pagedserve.common.errors import InvalidArgument, Unavailable
 from pagedserve.protocol.block_codec import op_to_proto
 from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp,
                                            StepResult)
+from tests.allocator.test_snapshot import restored
 from tests.support.allocator_core import A10, core_state
 
 
@@ -443,12 +444,6 @@ def test_a_refusing_store_refuses_changes_before_they_apply():
     assert server.store.commits == []
 
 
-def snapshot_round_trip(core: Allocator) -> Allocator:
-    again = Allocator(step_log_size=8)
-    snapshot.restore(again, json.loads(json.dumps(snapshot.capture(core))))
-    return again
-
-
 def test_executor_indexes_survive_the_journal_and_a_snapshot_and_still_refuse_a_duplicate():
     """A duplicate is refused by the allocator that recovered, as by the one that served."""
     server = Server()
@@ -463,7 +458,7 @@ def test_executor_indexes_survive_the_journal_and_a_snapshot_and_still_refuse_a_
     journal = server.store.commands
     assert [command.kind for command in journal] == ["register", "register"]  # not the refusal
 
-    for recovered in (replay(journal), snapshot_round_trip(replay(journal))):
+    for recovered in (replay(journal), restored(replay(journal), step_log_size=8)):
         assert {eid: ex.executor_index for eid, ex in recovered.executors.items()} == {
             "gpu0": 0, "plain": None}
         with pytest.raises(ExecutorIndexTaken):
