@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from allocator_service.core.block_hash import packed_slice
+from allocator_service.core.block_hash import BlockHash, packed_slice
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.free_block_queue import FreeBlockQueue
+from allocator_service.core.sequence import Sequence
 from pagedserve.protocol.token_bytes import TOKEN_BYTES
 
 
@@ -79,10 +80,38 @@ def _audit_hash_index(where: str, pool: ExecutorPool) -> list[str]:
             violations.append(f"{where}: block {block.block_id} carries a hash the index does "
                               "not map to it")
     for seq in pool.sequences.values():
-        for index, block in enumerate(seq.block_table):
-            if block.tokens is None:
-                continue
-            if packed_slice(seq.token_ids, index * size, (index + 1) * size) != block.tokens:
-                violations.append(f"{where}: sequence {seq.seq_id!r} holds cached block "
-                                  f"{block.block_id} at position {index} with other tokens")
+        violations += _audit_sequence_tokens(where, pool, seq)
+    return violations
+
+
+def _audit_sequence_tokens(where: str, pool: ExecutorPool, seq: Sequence) -> list[str]:
+    """A sequence's blocks hold its tokens. It keeps no tokens of the blocks it hashed, so those
+    are tied to it by the hash chain: while every hashed block is still a cache entry, chained
+    one onto the last, the chain must end at the sequence's chain hash (a block holding other
+    tokens would hash elsewhere). A block that left the cache (a reset, a duplicate, a
+    collision) ends what can be checked. Blocks after the hashed ones are compared with the
+    tokens the sequence keeps."""
+    label = f"{where}: sequence {seq.seq_id!r}"
+    size = pool.block_size
+    hashed = seq.num_hashed_blocks * size
+    violations = []
+    if len(seq.unhashed_token_ids) != seq.num_tokens - hashed:
+        violations.append(f"{label} keeps {len(seq.unhashed_token_ids)} unhashed tokens, not "
+                          f"{seq.num_tokens} - {hashed}")
+    chain: BlockHash | None = pool.root_hash(seq.cache_salt)
+    for block in seq.block_table[:seq.num_hashed_blocks]:
+        if block.block_hash is None or block.parent_hash != chain:
+            chain = None
+            break
+        chain = block.block_hash
+    if chain is not None and chain != seq.chain_hash:
+        violations.append(f"{label}: its cached blocks chain to hash {chain.hex()}, but it "
+                          f"continues from {seq.chain_hash.hex()}")
+    for index in range(seq.num_hashed_blocks, len(seq.block_table)):
+        block = seq.block_table[index]
+        start = index * size - hashed
+        if block.tokens is not None and (
+                packed_slice(seq.unhashed_token_ids, start, start + size) != block.tokens):
+            violations.append(f"{label} holds cached block {block.block_id} at position "
+                              f"{index} with other tokens")
     return violations

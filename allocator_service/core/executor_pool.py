@@ -89,7 +89,7 @@ class ExecutorPool:
         must compute that token to get the logits of the first output token.
         """
         size = self.block_size
-        chain_hash_ = self._root_hash(cache_salt)
+        chain_hash_ = self.root_hash(cache_salt)
         chain_key: PrefixKey = cache_salt
         hits: list[Block] = []
         hash_fn, lookup = self.blocks.hash_fn, self.blocks.lookup
@@ -103,7 +103,8 @@ class ExecutorPool:
             chain_hash_, chain_key = block_hash, block.node_id
         return hits, chain_hash_, chain_key
 
-    def _root_hash(self, cache_salt: str) -> BlockHash:
+    def root_hash(self, cache_salt: str) -> BlockHash:
+        """The hash a chain of this salt starts from (the parent hash of its first block)."""
         root = self._root_hashes.get(cache_salt)
         if root is None:
             if len(self._root_hashes) >= MAX_REMEMBERED_ROOTS:
@@ -150,9 +151,10 @@ class ExecutorPool:
             self.blocks.share(block)
         table = hits + self.blocks.take(new)
         num_cached = len(hits) * self.block_size
+        del tokens[:num_cached]  # the hits' tokens are in their hashes
         self.sequences[seq_id] = Sequence(
             seq_id=seq_id, cache_salt=cache_salt, block_table=table,
-            token_ids=tokens, num_cached_tokens=num_cached,
+            num_tokens=len(token_ids), unhashed_token_ids=tokens, num_cached_tokens=num_cached,
             num_computed_tokens=num_cached, num_hashed_blocks=len(hits), chain_hash=chain_hash_,
             chain_key=chain_key)
         self.prefix_query_tokens += len(token_ids)
@@ -173,7 +175,7 @@ class ExecutorPool:
                      lookahead_slots: int) -> tuple[int, bool]:
         """(blocks to add at the end, whether the first written block must be copied first)."""
         table, size = seq.block_table, self.block_size
-        num_tokens = len(seq.token_ids)
+        num_tokens = seq.num_tokens
         grow = -(-(num_tokens + num_new_tokens + lookahead_slots) // size) - len(table)
         first_written = num_tokens // size
         copy = (num_new_tokens > 0 and first_written < len(table)
@@ -202,9 +204,11 @@ class ExecutorPool:
             if growth is None:
                 return None
         if token_ids:
-            seq.token_ids.extend(token_ids)  # packed ids arrive as an int32 array: one copy
+            # Packed ids arrive as an int32 array: one copy into a short array.
+            seq.unhashed_token_ids.extend(token_ids)
+            seq.num_tokens += len(token_ids)
         if num_computed_tokens > seq.num_computed_tokens:
-            seq.num_computed_tokens = min(num_computed_tokens, len(seq.token_ids))
+            seq.num_computed_tokens = min(num_computed_tokens, seq.num_tokens)
             if seq.num_computed_tokens // self.block_size > seq.num_hashed_blocks:
                 self._cache_computed_blocks(seq)
         return growth
@@ -214,7 +218,7 @@ class ExecutorPool:
             return None
         copies: list[tuple[int, int]] = []
         if copy:
-            index = len(seq.token_ids) // self.block_size
+            index = seq.num_tokens // self.block_size
             shared = seq.block_table[index]
             (private,) = self.blocks.take(1)
             self.blocks.release([shared])
@@ -233,8 +237,9 @@ class ExecutorPool:
         hash_fn, register, table = self.blocks.hash_fn, self.blocks.register, seq.block_table
         # The new full blocks' tokens cut from the array once, then per block as bytes: an
         # Append at --reserve-blocks R fills about R blocks, and cutting each from the array
-        # made an array object and a bytes object per block.
-        packed = packed_slice(seq.token_ids, first * size, end * size)
+        # made an array object and a bytes object per block. The array starts at block `first`.
+        unhashed = seq.unhashed_token_ids
+        packed = packed_slice(unhashed, 0, (end - first) * size)
         width = size * TOKEN_BYTES
         chain_hash_, chain_key = seq.chain_hash, seq.chain_key
         for index in range(first, end):
@@ -245,6 +250,7 @@ class ExecutorPool:
             chain_key = register(table[index], block_hash, chain_hash_, chain_key, block_tokens)
             chain_hash_ = block_hash
         seq.chain_hash, seq.chain_key, seq.num_hashed_blocks = chain_hash_, chain_key, end
+        del unhashed[:(end - first) * size]
 
     # -- fork and free -----------------------------------------------------------------------
 
@@ -262,7 +268,9 @@ class ExecutorPool:
             self.blocks.share(block)
         self.sequences[child_id] = Sequence(
             seq_id=child_id, cache_salt=parent.cache_salt, block_table=list(shared),
-            token_ids=array("i", parent.token_ids), num_cached_tokens=parent.num_cached_tokens,
+            num_tokens=parent.num_tokens,
+            unhashed_token_ids=array("i", parent.unhashed_token_ids),
+            num_cached_tokens=parent.num_cached_tokens,
             num_computed_tokens=parent.num_computed_tokens,
             num_hashed_blocks=parent.num_hashed_blocks, chain_hash=parent.chain_hash,
             chain_key=parent.chain_key)

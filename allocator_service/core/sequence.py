@@ -1,4 +1,4 @@
-"""A sequence's entry in a pool: its tokens, its block table and how far it is hashed."""
+"""A sequence's entry in a pool: its block table, how far it is hashed, and the tokens after."""
 from __future__ import annotations
 
 from array import array
@@ -15,10 +15,16 @@ class Sequence:
     cache_salt: str
     # Physical blocks in logical order; may run past the last token (slots reserved ahead).
     block_table: list[Block]
+    num_tokens: int
+    # The tokens from the first block not yet hashed on (block num_hashed_blocks): all that is
+    # still needed, to hash blocks as they fill. The tokens before are covered by chain_hash
+    # and kept in the cached blocks. Keeping every token made a fleet's sequences hold about
+    # 100 MB of arrays, one grown by reallocation on nearly every Append, copied on each fork
+    # and written into every snapshot.
     # An int32 array, not a list: the collector walks every element of every live list on each
-    # full collection (a fleet's sequences hold millions of tokens), and never looks into an
-    # array. Token ids are validated to fit (0 to 2**31 - 1) before they get here.
-    token_ids: array[int]
+    # full collection, and never looks into an array. Token ids are validated to fit (0 to
+    # 2**31 - 1) before they get here.
+    unhashed_token_ids: array[int]
     # Prompt tokens served from the prefix cache when the sequence was allocated.
     num_cached_tokens: int
     # Tokens whose K/V the executor reported written; only these may enter the prefix cache.
@@ -27,10 +33,6 @@ class Sequence:
     num_hashed_blocks: int
     chain_hash: BlockHash
     chain_key: PrefixKey
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
     def block_ids(self) -> list[int]:
         return [block.block_id for block in self.block_table]

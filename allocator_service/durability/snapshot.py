@@ -27,9 +27,10 @@ from allocator_service.core.sequence import Sequence
 from pagedserve.protocol.block_ops import OpResult, OpStatus, SeqId, StepResult
 from pagedserve.protocol.token_bytes import array_to_bytes, bytes_to_array
 
-FORMAT_VERSION = 2
-# Format 1 is format 2 with token ids as JSON lists of ints.
-RESTORABLE_VERSIONS = (1, FORMAT_VERSION)
+FORMAT_VERSION = 3
+# Format 2 is format 3 with every token of a sequence (format 3 keeps those after its hashed
+# blocks, as the core does); format 1 is format 2 with token ids as JSON lists of ints.
+RESTORABLE_VERSIONS = (1, 2, FORMAT_VERSION)
 
 Json = dict[str, Any]
 
@@ -134,7 +135,8 @@ def _capture_block(block: Block) -> list[Any]:
 
 def _capture_sequence(seq: Sequence) -> Json:
     return {"seq_id": seq.seq_id, "cache_salt": seq.cache_salt,
-            "block_table": seq.block_ids(), "token_ids": array_to_bytes(seq.token_ids).hex(),
+            "block_table": seq.block_ids(), "num_tokens": seq.num_tokens,
+            "unhashed_token_ids": array_to_bytes(seq.unhashed_token_ids).hex(),
             "num_cached_tokens": seq.num_cached_tokens,
             "num_computed_tokens": seq.num_computed_tokens,
             "num_hashed_blocks": seq.num_hashed_blocks,
@@ -143,7 +145,8 @@ def _capture_sequence(seq: Sequence) -> Json:
 
 # Token ids as each format writes them -> their packed form (PackedTokens).
 TokenReader = Callable[[Any], bytes]
-_TOKEN_READERS: dict[int, TokenReader] = {1: pack_tokens, FORMAT_VERSION: bytes.fromhex}
+_TOKEN_READERS: dict[int, TokenReader] = {1: pack_tokens, 2: bytes.fromhex,
+                                           FORMAT_VERSION: bytes.fromhex}
 
 
 def _restore_pool(data: Json, core: Allocator, tokens_of: TokenReader) -> ExecutorPool:
@@ -169,12 +172,23 @@ def _restore_pool(data: Json, core: Allocator, tokens_of: TokenReader) -> Execut
         pool.sequences[SeqId(item["seq_id"])] = Sequence(
             seq_id=SeqId(item["seq_id"]), cache_salt=item["cache_salt"],
             block_table=[by_id[BlockId(block_id)] for block_id in item["block_table"]],
-            token_ids=bytes_to_array(tokens_of(item["token_ids"])),
+            **_sequence_tokens(item, pool.block_size, tokens_of),
             num_cached_tokens=item["num_cached_tokens"],
             num_computed_tokens=item["num_computed_tokens"],
             num_hashed_blocks=item["num_hashed_blocks"],
             chain_hash=bytes.fromhex(item["chain_hash"]), chain_key=item["chain_key"])
     return pool
+
+
+def _sequence_tokens(item: Json, block_size: int, tokens_of: TokenReader) -> Json:
+    """A saved sequence's num_tokens and unhashed_token_ids; formats 1 and 2 saved every
+    token, and the core now keeps those after the hashed blocks only."""
+    if "unhashed_token_ids" in item:
+        return {"num_tokens": item["num_tokens"],
+                "unhashed_token_ids": bytes_to_array(tokens_of(item["unhashed_token_ids"]))}
+    tokens = bytes_to_array(tokens_of(item["token_ids"]))
+    return {"num_tokens": len(tokens),
+            "unhashed_token_ids": tokens[item["num_hashed_blocks"] * block_size:]}
 
 
 def _runs(ids: Any) -> list[list[int]]:

@@ -137,7 +137,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         pool = self.pool(executor_id)
         return ([(b.ref_count, b.block_hash, b.node_id) for b in pool.blocks.blocks],
                 [b.block_id for b in pool.blocks.free_list()],
-                {sid: (seq.block_ids(), list(seq.token_ids), seq.num_computed_tokens)
+                {sid: (seq.block_ids(), seq.num_tokens, list(seq.unhashed_token_ids),
+                       seq.num_computed_tokens)
                  for sid, seq in pool.sequences.items()})
 
     def apply_append(self, executor_id: str, op: AppendOp, before: list[int], status: OpStatus,
@@ -429,7 +430,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             size = model.block_size
             for seq_id, expected in model.seqs.items():
                 seq = pool.sequences[seq_id]
-                assert seq.token_ids.tolist() == expected.tokens
+                assert seq.num_tokens == len(expected.tokens)
+                assert (seq.unhashed_token_ids.tolist()
+                        == expected.tokens[seq.num_hashed_blocks * size:])
                 assert seq.cache_salt == expected.salt
                 assert len(seq.block_table) == expected.num_blocks
                 assert seq.num_computed_tokens == expected.num_computed

@@ -84,11 +84,41 @@ def test_audit_detects_cached_tokens_changed_by_hand():
         "something else"]
 
 
-def test_audit_detects_sequence_tokens_disagreeing_with_cached_block():
+def test_sequence_keeps_only_the_tokens_after_its_hashed_blocks():
     pool = _stats_scenario()
-    pool.sequences["a"].token_ids[0] = 99
+    a = pool.sequences["a"]
+    assert (a.num_tokens, a.num_hashed_blocks, a.unhashed_token_ids.tolist()) == (10, 2, A10[8:])
+    pool.append("a", [60, 61], num_computed_tokens=12)  # fills and hashes block 2
+    assert (a.num_tokens, a.num_hashed_blocks, a.unhashed_token_ids.tolist()) == (12, 3, [])
+    assert a.block_table[2].token_ids == (*A10[8:], 60, 61)  # a copy: c shares the old one
+    assert audit_pool("e", pool) == []
+
+
+def test_audit_detects_sequence_chain_disagreeing_with_its_cached_blocks():
+    pool = _stats_scenario()
+    a = pool.sequences["a"]
+    a.chain_hash = pool.blocks.blocks[0].block_hash  # as if the sequence held block 0's tokens
     assert audit_pool("e", pool) == [
-        "pool 'e': sequence 'a' holds cached block 0 at position 0 with other tokens"]
+        f"pool 'e': sequence 'a': its cached blocks chain to hash "
+        f"{pool.blocks.blocks[1].block_hash.hex()}, but it continues from "
+        f"{pool.blocks.blocks[0].block_hash.hex()}"]
+
+
+def test_audit_detects_unhashed_tokens_disagreeing_with_cached_block():
+    pool = new_pool()
+    pool.allocate("x", range(8))
+    pool.fork("x", "y")  # y shares x's two full blocks, neither hashed yet
+    pool.append("x", num_computed_tokens=8)  # x caches them; y will hash them later
+    assert audit_pool("e", pool) == []
+    pool.sequences["y"].unhashed_token_ids[0] = 99
+    assert audit_pool("e", pool) == [
+        "pool 'e': sequence 'y' holds cached block 0 at position 0 with other tokens"]
+
+
+def test_audit_detects_unhashed_tokens_of_the_wrong_length():
+    pool = _stats_scenario()
+    pool.sequences["a"].unhashed_token_ids.append(7)
+    assert audit_pool("e", pool) == ["pool 'e': sequence 'a' keeps 3 unhashed tokens, not 10 - 8"]
 
 
 def test_audit_detects_block_dropped_from_free_list():

@@ -27,8 +27,8 @@ def test_fork_then_append_copies_shared_tail_block():
     # The other holder now owns block 1 alone: it appends in place.
     assert pool.append("c", [7]) == Growth([], [])
     assert table(pool, "c") == [0, 1]
-    assert pool.sequences["a"].token_ids.tolist() == [0, 1, 2, 3, 4, 5, 6]
-    assert pool.sequences["c"].token_ids.tolist() == [0, 1, 2, 3, 4, 5, 7]
+    assert pool.sequences["a"].unhashed_token_ids.tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert pool.sequences["c"].unhashed_token_ids.tolist() == [0, 1, 2, 3, 4, 5, 7]
     assert pool.num_free_blocks == 8
     assert audit_pool("e", pool) == []
 

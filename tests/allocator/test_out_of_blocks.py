@@ -47,7 +47,7 @@ def test_append_out_of_blocks_for_copy_returns_none_and_leaves_pool_unchanged():
     assert pool.append("a", [6]) is None
     assert pool.append("a", (), lookahead_slots=3) is None
     assert snapshot(pool) == before
-    assert pool.sequences["a"].token_ids.tolist() == [0, 1, 2, 3, 4, 5]
+    assert pool.sequences["a"].unhashed_token_ids.tolist() == [0, 1, 2, 3, 4, 5]
 
 
 def test_step_reports_out_of_blocks_and_later_ops_still_apply():
@@ -65,7 +65,7 @@ def test_step_reports_out_of_blocks_and_later_ops_still_apply():
 
     (grow,) = allocator.step("e", 1, 3, [AppendOp("small", (1, 2, 3, 4))]).results
     assert grow.status == OpStatus.OUT_OF_BLOCKS
-    assert executor.pool.sequences["small"].token_ids.tolist() == [7]
+    assert executor.pool.sequences["small"].unhashed_token_ids.tolist() == [7]
 
 
 def test_can_allocate_and_can_append_never_mutate():

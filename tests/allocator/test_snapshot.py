@@ -132,15 +132,16 @@ def test_busy_core_restores_every_block_sequence_and_counter():
     seqs = pool.sequences
     assert list(seqs) == ["a", "b", "a2", "d"]
     a, b, a2, d = (seqs[s] for s in ("a", "b", "a2", "d"))
-    assert (a.block_ids(), a.token_ids.tolist(), a.num_cached_tokens, a.num_computed_tokens,
-            a.num_hashed_blocks, a.chain_hash, a.chain_key) == ([0, 1, 2], A10, 0, 10, 2, h1, 2)
+    assert (a.block_ids(), a.num_tokens, a.unhashed_token_ids.tolist(), a.num_cached_tokens,
+            a.num_computed_tokens, a.num_hashed_blocks, a.chain_hash, a.chain_key) == (
+        [0, 1, 2], 10, A10[8:], 0, 10, 2, h1, 2)
     assert (b.block_ids(), b.num_cached_tokens, b.num_computed_tokens, b.num_hashed_blocks,
             b.chain_hash, b.chain_key) == ([0, 1, 3], 8, 8, 2, h1, 2)
-    assert (a2.block_ids(), a2.token_ids.tolist(), a2.num_computed_tokens, a2.chain_key) == (
-        [0, 1, 2], A10, 10, 2)
-    assert (d.block_ids(), d.token_ids.tolist(), d.num_computed_tokens, d.num_hashed_blocks,
-            d.chain_hash, d.chain_key, d.cache_salt) == ([6, 7, 8], [200, 201, 202], 0, 0,
-                                                         root, "", "")
+    assert (a2.block_ids(), a2.num_tokens, a2.unhashed_token_ids.tolist(),
+            a2.num_computed_tokens, a2.chain_key) == ([0, 1, 2], 10, A10[8:], 10, 2)
+    assert (d.block_ids(), d.num_tokens, d.unhashed_token_ids.tolist(), d.num_computed_tokens,
+            d.num_hashed_blocks, d.chain_hash, d.chain_key, d.cache_salt) == (
+        [6, 7, 8], 3, [200, 201, 202], 0, 0, root, "", "")
     # The restored sequences hold the restored pool's own Block objects.
     assert all(block is pool.blocks.blocks[block.block_id]
                for seq in seqs.values() for block in seq.block_table)
@@ -156,9 +157,9 @@ def test_busy_core_restores_every_block_sequence_and_counter():
     assert fpool.blocks.last_node_id == 3
     assert free_ids(fpool) == [2, 4, 5, 6, 7]
     (y,) = fpool.sequences.values()
-    assert (y.seq_id, y.cache_salt, y.block_ids(), y.token_ids.tolist(), y.num_cached_tokens,
-            y.num_computed_tokens, y.num_hashed_blocks, y.chain_hash, y.chain_key) == (
-        "y", "t", [0, 1, 3], [1, 2, 3, 4, 9, 7], 4, 6, 3, y2, 3)
+    assert (y.seq_id, y.cache_salt, y.block_ids(), y.num_tokens, y.unhashed_token_ids.tolist(),
+            y.num_cached_tokens, y.num_computed_tokens, y.num_hashed_blocks, y.chain_hash,
+            y.chain_key) == ("y", "t", [0, 1, 3], 6, [], 4, 6, 3, y2, 3)
     assert (fpool.prefix_query_tokens, fpool.prefix_hit_tokens) == (10, 4)
 
 
@@ -267,28 +268,42 @@ def test_restore_refuses_another_format_version():
                                                        message), message
 
 
-def test_tokens_are_written_packed_and_a_format_1_snapshot_still_restores():
-    """Format 2 writes token ids packed (4 bytes each, little-endian) as hex; format 1, which
-    allocators before it wrote, had them as lists of ints and restores to the same core."""
+def test_tokens_are_written_packed_and_format_1_and_2_snapshots_still_restore():
+    """Format 3 writes a sequence's tokens after its hashed blocks, packed (4 bytes each,
+    little-endian) as hex. Format 2, which allocators before it wrote, had every token of a
+    sequence, and format 1 had them as lists of ints: both restore to the same core."""
     core = busy_core()
     data = snapshot.capture(core)
     pool = data["executors"][0]["pool"]
     cached = next(block for block in pool["blocks"] if len(block) > 2)
     assert (cached[0], cached[4]) == (0, "00000000" "01000000" "02000000" "03000000")
     sequence = next(seq for seq in pool["sequences"] if seq["seq_id"] == "a")
-    assert bytes.fromhex(sequence["token_ids"]) == pack_tokens(A10)
+    assert (sequence["num_tokens"], bytes.fromhex(sequence["unhashed_token_ids"])) == (
+        10, pack_tokens(A10[8:]))
 
-    old = copy.deepcopy(data)
-    old["version"] = 1
-    for executor in old["executors"]:
+    # Every token of busy_core's live sequences, as format 2 saved them.
+    every_token = {"a": A10, "a2": A10, "b": A10[:8] + [50, 51, 52], "d": [200, 201, 202],
+                   "y": [1, 2, 3, 4, 9, 7]}
+    format_2 = copy.deepcopy(data)
+    format_2["version"] = 2
+    for executor in format_2["executors"]:
+        for seq in executor["pool"]["sequences"]:
+            tokens = every_token[seq["seq_id"]]
+            assert len(tokens) == seq.pop("num_tokens")
+            del seq["unhashed_token_ids"]
+            seq["token_ids"] = pack_tokens(tokens).hex()
+    format_1 = copy.deepcopy(format_2)
+    format_1["version"] = 1
+    for executor in format_1["executors"]:
         for block in executor["pool"]["blocks"]:
             if len(block) > 2:
                 block[4] = list(unpack_tokens(bytes.fromhex(block[4])))
         for seq in executor["pool"]["sequences"]:
             seq["token_ids"] = list(unpack_tokens(bytes.fromhex(seq["token_ids"])))
-    again = Allocator()
-    snapshot.restore(again, json.loads(json.dumps(old)))
-    assert_same_state(core, again)
+    for old in (format_2, format_1):
+        again = Allocator()
+        snapshot.restore(again, json.loads(json.dumps(old)))
+        assert_same_state(core, again)
 
 
 def test_restored_core_has_fresh_leases_and_reports_no_events_for_loading():
@@ -372,6 +387,18 @@ def pick(seqs, index: int):
     return sorted(seqs)[index % len(seqs)] if seqs else "nobody"
 
 
+def known_tokens(seq) -> tuple[int, ...]:
+    """A sequence's leading tokens as the core still holds them (it keeps none of those it
+    hashed): its hashed blocks' cached tokens, up to the first that left the cache, and when
+    none did, the tokens after them."""
+    tokens: list[int] = []
+    for block in seq.block_table[:seq.num_hashed_blocks]:
+        if block.token_ids is None:
+            return tuple(tokens)
+        tokens += block.token_ids
+    return (*tokens, *seq.unhashed_token_ids)
+
+
 def run_action(core: Allocator, action: tuple):
     """Applies one action to the core; every pick depends only on the core's state, so two
     cores in the same state take the same ops."""
@@ -398,7 +425,7 @@ def run_action(core: Allocator, action: tuple):
     if kind == "allocate":
         _, _, n, prefix, tail, salt, lookahead, again = action
         if again and seqs:
-            prefix, salt = seqs[pick(seqs, n)].token_ids, seqs[pick(seqs, n)].cache_salt
+            prefix, salt = known_tokens(seqs[pick(seqs, n)]), seqs[pick(seqs, n)].cache_salt
         ops = [AllocateOp(f"s{n}", tuple(prefix) + tuple(tail) or (0,), salt, lookahead)]
     elif kind == "append":
         _, _, n, tokens, lookahead, computed = action
@@ -411,7 +438,7 @@ def run_action(core: Allocator, action: tuple):
         seq_id = pick(seqs, action[2])
         ops = [FreeOp(seq_id)]
         if action[3] and seq_id in seqs:  # finished: report every token computed first
-            ops.insert(0, AppendOp(seq_id, num_computed_tokens=len(seqs[seq_id].token_ids)))
+            ops.insert(0, AppendOp(seq_id, num_computed_tokens=seqs[seq_id].num_tokens))
     return step(core, executor_id, *ops)
 
 

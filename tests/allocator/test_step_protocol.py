@@ -75,7 +75,7 @@ def test_duplicate_sequence_id_reports_already_exists():
     ]).results
     assert [r.status for r in results] == [OpStatus.OK, OpStatus.ALREADY_EXISTS, OpStatus.OK,
                                            OpStatus.ALREADY_EXISTS, OpStatus.ALREADY_EXISTS]
-    assert executor.pool.sequences["a"].token_ids.tolist() == [1, 2, 3, 4, 5]
+    assert executor.pool.sequences["a"].unhashed_token_ids.tolist() == [1, 2, 3, 4, 5]
     assert executor.pool.num_free_blocks == 9
     assert [executor.pool.blocks.blocks[i].ref_count for i in (0, 1)] == [2, 2]
 

@@ -40,9 +40,9 @@ def snapshot(pool: ExecutorPool):
     """Everything an operation could change, in a comparable form."""
     blocks = tuple((b.block_id, b.ref_count, b.block_hash, b.parent_hash, b.token_ids, b.node_id,
                     b.parent_key) for b in pool.blocks.blocks)
-    sequences = {sid: (tuple(seq.block_ids()), tuple(seq.token_ids), seq.num_cached_tokens,
-                       seq.num_computed_tokens, seq.num_hashed_blocks, seq.chain_hash,
-                       seq.chain_key)
+    sequences = {sid: (tuple(seq.block_ids()), seq.num_tokens, tuple(seq.unhashed_token_ids),
+                       seq.num_cached_tokens, seq.num_computed_tokens, seq.num_hashed_blocks,
+                       seq.chain_hash, seq.chain_key)
                  for sid, seq in pool.sequences.items()}
     index = {h: b.block_id for h, b in pool.blocks.hash_index.items()}
     return (blocks, tuple(free_ids(pool)), pool.num_free_blocks, sequences, index,
@@ -106,8 +106,8 @@ def _executor_state(core: Allocator, ex) -> dict:
         "hash_index": {h: (b.block_id, b.parent_hash, b.token_ids, b.node_id, b.parent_key)
                        for h, b in blocks.hash_index.items()},
         "last_node_id": blocks.last_node_id,
-        "sequences": [(sid, seq.seq_id, seq.cache_salt, seq.block_ids(), list(seq.token_ids),
-                       seq.num_cached_tokens, seq.num_computed_tokens, seq.num_hashed_blocks,
+        "sequences": [(sid, seq.seq_id, seq.cache_salt, seq.block_ids(), seq.num_tokens,
+                       list(seq.unhashed_token_ids), seq.num_cached_tokens, seq.num_computed_tokens, seq.num_hashed_blocks,
                        seq.chain_hash, seq.chain_key) for sid, seq in pool.sequences.items()],
         "prefix_counters": (pool.prefix_query_tokens, pool.prefix_hit_tokens),
         "hash_fn": blocks.hash_fn,
