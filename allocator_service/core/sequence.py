@@ -15,6 +15,7 @@ class Sequence:
     cache_salt: str
     # Physical blocks in logical order; may run past the last token (slots reserved ahead).
     block_table: list[Block]
+    # Tokens the sequence holds, the prompt's and those appended since, hashed or not.
     num_tokens: int
     # The tokens from the first block not yet hashed on (block num_hashed_blocks): all that is
     # still needed, to hash blocks as they fill. The tokens before are covered by chain_hash
