@@ -10,8 +10,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagedserve.common.auth import BearerTokenClientInterceptor, async_bearer_token_interceptors
 from pagedserve.common.server import MAX_MESSAGE_BYTES
 
+# gRPC waits longer and longer between attempts to reach a server that went away (1 s growing
+# by 1.6 each time, up to 120 s); calls meanwhile fail at once without trying. An executor must
+# reach a restarted allocator within its lease (10 s by default, counted from the state's load),
+# or its pool is reclaimed and every request recomputed: after a 30 s outage the default reached
+# the server 11.5 s after it was back (2026-11-28). Our services are on loopback or a LAN, so one
+# attempt a second costs nothing.
+MAX_RECONNECT_BACKOFF_MS = 1000
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.initial_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+                   ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS)]
 
 
 def open_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.Channel:
