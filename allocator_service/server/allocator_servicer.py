@@ -12,6 +12,7 @@ from allocator_service.server.step_handler import handle_step
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.common.errors import InvalidArgument
+from pagedserve.protocol.block_codec import step_result_to_proto
 
 
 class AllocatorServicer(pb_grpc.AllocatorServicer):
@@ -56,7 +57,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                                     step_channel_port=self.step_channel_port)
 
     def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
-        return handle_step(self.state, request)
+        return step_result_to_proto(handle_step(self.state, request))
 
     def MatchPrefix(self, request: pb.MatchPrefixRequest,
                     context: grpc.ServicerContext) -> pb.MatchPrefixResponse:

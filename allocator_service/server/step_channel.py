@@ -20,13 +20,15 @@ import threading
 
 import grpc
 
+from allocator_service.core.step_wire import DecodedStep, decode_step_request, encode_step_response
 from allocator_service.durability.state import AllocatorState
-from allocator_service.server.step_handler import Outcome, handle_steps
+from allocator_service.server.step_handler import Outcome, decoded, handle_steps
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.auth import BearerTokenInterceptor
 from pagedserve.common.error_interceptor import status_of
 from pagedserve.common.errors import InvalidArgument, PagedServeError, PermissionDenied
 from pagedserve.common.server import ServerOptions, tls_context
+from pagedserve.protocol.block_ops import StepResult
 from pagedserve.protocol.step_frames import FrameReader, FrameTooLarge, error_frame, reply_frame
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ class StepChannel:
         self._loop = new_event_loop()
         self._connections: set[Connection] = set()
         # Steps read in this turn of the loop, answered together in the next (see _answer_all).
-        self._arrived: list[tuple[Connection, pb.StepRequest]] = []
+        self._arrived: list[tuple[Connection, DecodedStep | pb.StepRequest]] = []
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
 
@@ -128,30 +130,24 @@ class StepChannel:
             sent = f"Bearer {hello.auth_token}" if hello.auth_token else None
             self.auth.check(sent, STEP_METHOD, hello, HELLO_CARRIER)
 
-    def submit(self, connection: Connection, request: pb.StepRequest) -> None:
-        """Takes a Step read from `connection`; its answer is written in the next turn."""
+    def submit(self, connection: Connection, step: DecodedStep | pb.StepRequest) -> None:
+        """Takes a Step read from `connection` (by the wire reader, or by protobuf where the
+        reader left it); its answer is written in the next turn."""
         if not self._arrived:
             # After the callbacks of this turn: every connection read now joins the batch.
             self._loop.call_soon(self._answer_all)
-        self._arrived.append((connection, request))
+        self._arrived.append((connection, step))
 
     def _answer_all(self) -> None:
         arrived, self._arrived = self._arrived, []
-        # A Step of another executor than the connection's hello is refused before it applies.
-        steps: list[pb.StepRequest | Exception] = [
-            request if request.executor_id == connection.executor_id else PermissionDenied(
-                f"this Step channel connection said hello as executor "
-                f"{connection.executor_id!r}; it may not carry a Step of executor "
-                f"{request.executor_id!r}")
-            for connection, request in arrived]
-
+        steps = [self._admit(connection, step) for connection, step in arrived]
         answered = 0
 
         def answer(index: int, outcome: Outcome) -> None:
             nonlocal answered
-            connection, request = arrived[index]
+            connection, step = arrived[index]
             if not connection.transport.is_closing():
-                connection.transport.write(self._frame(outcome, request, connection))
+                connection.transport.write(self._frame(outcome, step.step_id, connection))
             answered = index + 1
 
         try:
@@ -163,17 +159,34 @@ class StepChannel:
                 answer(index, error)
 
     @staticmethod
-    def _frame(outcome: Outcome, request: pb.StepRequest, connection: Connection) -> bytes:
+    def _admit(connection: Connection, step: DecodedStep | pb.StepRequest
+               ) -> DecodedStep | Exception:
+        """The Step to apply, or why it is refused before it applies: a Step of another
+        executor than the connection's hello, or a malformed op."""
+        if step.executor_id != connection.executor_id:
+            return PermissionDenied(
+                f"this Step channel connection said hello as executor "
+                f"{connection.executor_id!r}; it may not carry a Step of executor "
+                f"{step.executor_id!r}")
+        if isinstance(step, DecodedStep):
+            return step
+        try:
+            return decoded(step)
+        except Exception as error:  # noqa: BLE001 - answered to its own Step alone
+            return error
+
+    @staticmethod
+    def _frame(outcome: Outcome, step_id: int, connection: Connection) -> bytes:
         """The reply frame of one Step."""
-        if isinstance(outcome, pb.StepResponse):
-            return reply_frame(outcome.SerializeToString())
+        if isinstance(outcome, StepResult):
+            return reply_frame(encode_step_response(outcome))
         if isinstance(outcome, PagedServeError):
             return error_frame(status_of(outcome), str(outcome))
         # A bug answers INTERNAL; the loop serves on.
-        log.error("Step %d of executor %r on the Step channel failed", request.step_id,
+        log.error("Step %d of executor %r on the Step channel failed", step_id,
                   connection.executor_id, exc_info=outcome)
         return error_frame(grpc.StatusCode.INTERNAL,
-                           f"internal error in Step {request.step_id} of executor "
+                           f"internal error in Step {step_id} of executor "
                            f"{connection.executor_id!r} (Step channel); see the allocator's log")
 
 
@@ -234,13 +247,15 @@ class Connection(asyncio.Protocol):
 
     def _step(self, payload: bytes) -> None:
         assert self.executor_id is not None
-        try:
-            request = pb.StepRequest.FromString(payload)
-        except Exception as error:  # noqa: BLE001
-            self._end(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"a frame does not parse as a StepRequest: {error}")
-            return
-        self.channel.submit(self, request)
+        step: DecodedStep | pb.StepRequest | None = decode_step_request(payload)
+        if step is None:   # not our client's form: protobuf reads it, or refuses it
+            try:
+                step = pb.StepRequest.FromString(payload)
+            except Exception as error:  # noqa: BLE001
+                self._end(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"a frame does not parse as a StepRequest: {error}")
+                return
+        self.channel.submit(self, step)
 
     def _end(self, code: grpc.StatusCode, message: str) -> None:
         """Answers the error, then closes: the connection cannot go on (no accepted hello,

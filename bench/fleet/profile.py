@@ -4,12 +4,16 @@ The replay (replay.py) measures a real allocator process from outside. This play
 recorded streams through the allocator's own Step path in this process, the executors' Steps
 interleaved as they arrive at a server, and times each stage apart:
 
-    parse      StepRequest.FromString (grpc runs it before the servicer)
-    convert    ops_from_proto
-    digest     the deterministic serialization and its hash (retry identity, journal body)
+    decode     the Step channel's wire reader: the request's header and ops (step_wire.py)
+    digest     the request bytes' hash (its retry identity)
     core       Allocator.step: validation and every op
     commit     the in-memory store taking the Step's KV events
-    encode     step_result_to_proto and its serialization
+    encode     the wire writer: the answer's bytes
+
+`--protobuf` times the path through protobuf objects instead (the Step RPC's, and the Step
+channel's before 2026-11-28): parse (StepRequest.FromString), convert (ops_from_proto), digest
+(the deterministic serialization and its hash), core, commit, encode (step_result_to_proto and
+its serialization).
 
 It runs the streams twice on fresh allocators, the cyclic garbage collector off and then on
 (pools frozen after registration, collections on the server's schedule, server/heap.py); the
@@ -29,10 +33,12 @@ import gc
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from allocator_service.core.allocator import Allocator
+from allocator_service.core.step_wire import decode_step_request, encode_step_response
 from allocator_service.durability import commands
 from allocator_service.durability.state_store import MemoryStore
 from allocator_service.server.heap import CollectionSchedule
@@ -40,8 +46,11 @@ from bench.fleet.capacity import Timing, record
 from bench.fleet.step_stream import StepStream, step_body
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_codec import ops_from_proto, step_result_to_proto
+from pagedserve.protocol.block_ops import StepResult
 
-STAGES = ("parse", "convert", "digest", "core", "commit", "encode")
+WIRE_STAGES = ("decode", "digest", "core", "commit", "encode")
+PROTOBUF_STAGES = ("parse", "convert", "digest", "core", "commit", "encode")
+STAGES = ("decode", "parse", "convert", "digest", "core", "commit", "encode")
 
 
 @dataclass(slots=True)
@@ -58,7 +67,8 @@ class StageTimes:
         return sum(self.seconds.values())
 
 
-def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
+def play(streams: list[StepStream], copies: int, collect: bool, protobuf: bool = False
+         ) -> StageTimes:
     """Every stream `copies` times, each under its own executor id, Steps interleaved."""
     core, store = Allocator(lease_ttl_s=600.0), MemoryStore()
     plays = []
@@ -84,28 +94,13 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
     seconds, clock = times.seconds, time.perf_counter
     try:
         for body, reply in arrivals:
-            started = clock()
-            request = pb.StepRequest.FromString(body)
-            parsed = clock()
-            ops = ops_from_proto(request.ops)
-            converted = clock()
-            digest = commands.step_digest(request.SerializeToString(deterministic=True))
-            digested = clock()
-            result = core.step(request.executor_id, request.epoch, request.step_id, ops, digest)
-            stepped = clock()
-            store.commit(core, commands.step(body), core.events.take())
-            committed = clock()
-            answer = step_result_to_proto(result).SerializeToString()
-            encoded = clock()
-            seconds["parse"] += parsed - started
-            seconds["convert"] += converted - parsed
-            seconds["digest"] += digested - converted
-            seconds["core"] += stepped - digested
-            seconds["commit"] += committed - stepped
-            seconds["encode"] += encoded - committed
-            times.per_step_s.append(encoded - started)
+            if protobuf:
+                answer, ops = _through_protobuf(core, store, body, seconds, clock, times)
+            else:
+                answer, ops = _through_the_wire_reader(core, store, body, seconds, clock,
+                                                       times)
             times.steps += 1
-            times.ops += len(ops)
+            times.ops += ops
             times.mismatches += answer != reply
     finally:
         if schedule is not None:
@@ -113,6 +108,59 @@ def play(streams: list[StepStream], copies: int, collect: bool) -> StageTimes:
         gc.enable()
         gc.unfreeze()
     return times
+
+
+def _through_the_wire_reader(core: Allocator, store: MemoryStore, body: bytes,
+                             seconds: dict[str, float], clock: Callable[[], float],
+                             times: StageTimes) -> tuple[bytes, int]:
+    """One Step as the Step channel takes it; its answer and number of ops."""
+    started = clock()
+    step = decode_step_request(body)
+    assert step is not None, "a recorded Step the wire reader leaves to protobuf"
+    decoded = clock()
+    digest = commands.step_digest(step.body)
+    digested = clock()
+    result = core.step(step.executor_id, step.epoch, step.step_id, step.ops, digest)
+    stepped = clock()
+    store.commit(core, commands.step(body), core.events.take())
+    committed = clock()
+    answer = encode_step_response(result)
+    encoded = clock()
+    seconds["decode"] += decoded - started
+    seconds["digest"] += digested - decoded
+    seconds["core"] += stepped - digested
+    seconds["commit"] += committed - stepped
+    seconds["encode"] += encoded - committed
+    times.per_step_s.append(encoded - started)
+    return answer, len(step.ops)
+
+
+def _through_protobuf(core: Allocator, store: MemoryStore, body: bytes,
+                      seconds: dict[str, float], clock: Callable[[], float],
+                      times: StageTimes) -> tuple[bytes, int]:
+    """One Step through protobuf objects, as the Step RPC takes it."""
+    started = clock()
+    request = pb.StepRequest.FromString(body)
+    parsed = clock()
+    ops = ops_from_proto(request.ops)
+    converted = clock()
+    digest = commands.step_digest(request.SerializeToString(deterministic=True))
+    digested = clock()
+    result: StepResult = core.step(request.executor_id, request.epoch, request.step_id, ops,
+                                   digest)
+    stepped = clock()
+    store.commit(core, commands.step(body), core.events.take())
+    committed = clock()
+    answer = step_result_to_proto(result).SerializeToString()
+    encoded = clock()
+    seconds["parse"] += parsed - started
+    seconds["convert"] += converted - parsed
+    seconds["digest"] += digested - converted
+    seconds["core"] += stepped - digested
+    seconds["commit"] += committed - stepped
+    seconds["encode"] += encoded - committed
+    times.per_step_s.append(encoded - started)
+    return answer, len(ops)
 
 
 def cost_per_executor_second(paths: list[Path], copies: int = 8) -> float:
@@ -135,7 +183,7 @@ def rows(off: StageTimes, on: StageTimes, served_s: float) -> list[list[str]]:
         return [name, f"{seconds / off.ops * 1e6:.2f}", f"{seconds / served_s * 1e3:.2f}"]
 
     table = [["stage", "µs per op", "ms per executor-second"]]
-    table += [line(stage, off.seconds[stage]) for stage in STAGES]
+    table += [line(stage, off.seconds[stage]) for stage in STAGES if off.seconds[stage]]
     table.append(line("garbage collection", max(0.0, on.total_s - off.total_s)))
     table.append(line("total in process", on.total_s))
     return table
@@ -151,14 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-s", type=float, default=30.0)
     parser.add_argument("--reserve-blocks", type=int, default=4,
                         help="the recording executors' --reserve-blocks (as bench.fleet's)")
+    parser.add_argument("--protobuf", action="store_true",
+                        help="time the path through protobuf objects (the Step RPC's)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fleet-profile-") as scratch:
         paths = args.streams or record(Path(scratch), args.iteration_ms, 2,
                                        Timing(record_s=args.record_s), 256, 4,
                                        args.reserve_blocks)[0]
         streams = [StepStream.load(path) for path in paths]
-    off = play(streams, args.copies, collect=False)
-    on = play(streams, args.copies, collect=True)
+    off = play(streams, args.copies, collect=False, protobuf=args.protobuf)
+    on = play(streams, args.copies, collect=True, protobuf=args.protobuf)
     served_s = executor_seconds(streams, args.copies)
     print(f"{len(streams) * args.copies} executors, {off.steps} Steps, {off.ops} ops "
           f"({off.ops / off.steps:.1f} per Step), {served_s:.0f} executor-seconds; "

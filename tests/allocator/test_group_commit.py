@@ -15,11 +15,11 @@ from allocator_service.durability import commands, snapshot
 from allocator_service.durability.redis_store import RedisStore
 from allocator_service.durability.state import AllocatorState
 from allocator_service.durability.state_store import MemoryStore
-from allocator_service.server.step_handler import Outcome, handle_steps
+from allocator_service.server.step_handler import Outcome, decoded, handle_steps
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.errors import Unavailable
 from pagedserve.protocol.block_codec import op_to_proto
-from pagedserve.protocol.block_ops import AllocateOp, AppendOp, FreeOp
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, FreeOp, StepResult
 from pagedserve.protocol.step_frames import frame
 from pagedserve.supervisor.redis_server import REDIS_SERVER, RedisProcess
 from pagedserve.supervisor.service_process import AllocatorProcess
@@ -70,7 +70,7 @@ def outcomes_of(state: AllocatorState, batch: list[pb.StepRequest]) -> list[Outc
         assert index == len(answered)
         answered.append(outcome)
 
-    handle_steps(state, batch, answer)
+    handle_steps(state, [decoded(r) for r in batch], answer)
     assert len(answered) == len(batch)
     return answered
 
@@ -97,7 +97,7 @@ def test_steps_of_a_batch_answer_alone_and_are_journaled_in_one_transaction(
     assert exec_calls(redis_server) == before + 1, "one MULTI/EXEC for the whole batch"
 
     assert isinstance(outcomes[2], Exception) and "epoch" in str(outcomes[2])
-    answers = [o for o in outcomes if isinstance(o, pb.StepResponse)]
+    answers = [o for o in outcomes if isinstance(o, StepResult)]
     assert len(answers) == 5
     assert list(outcomes[0].results[0].block_table) == [0, 1]
     assert (outcomes[4].replayed, outcomes[4].results) == (True, outcomes[0].results)
@@ -152,12 +152,12 @@ def applied_when_answered(state: AllocatorState, batch: list[pb.StepRequest]) ->
     seen: list[int] = []
 
     def answer(index: int, outcome: Outcome) -> None:
-        assert isinstance(outcome, pb.StepResponse)
+        assert isinstance(outcome, StepResult)
         with state.reading() as core:
             seen.append(sum(core.executors[r.executor_id].last_step_id >= r.step_id
                             for r in batch))
 
-    handle_steps(state, batch, answer)
+    handle_steps(state, [decoded(r) for r in batch], answer)
     return seen
 
 

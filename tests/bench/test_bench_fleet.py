@@ -109,12 +109,14 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsy
     assert profile.main([str(stream_path), "--copies", "2"]) == 0
     table = capsys.readouterr().out
     assert "answers differing from the recording: 0" in table
-    for stage in (*profile.STAGES, "garbage collection", "total in process"):
+    for stage in (*profile.WIRE_STAGES, "garbage collection", "total in process"):
         assert stage in table
-    times = profile.play([stream], 2, collect=False)
-    assert times.steps == 2 * len(stream.steps) and times.mismatches == 0
-    assert all(seconds > 0 for seconds in times.seconds.values())
-    assert len(times.per_step_s) == times.steps
+    # Through the wire reader (the Step channel's) and through protobuf (the Step RPC's).
+    for protobuf, stages in ((False, profile.WIRE_STAGES), (True, profile.PROTOBUF_STAGES)):
+        times = profile.play([stream], 2, collect=False, protobuf=protobuf)
+        assert times.steps == 2 * len(stream.steps) and times.mismatches == 0
+        assert all((times.seconds[stage] > 0) == (stage in stages) for stage in profile.STAGES)
+        assert len(times.per_step_s) == times.steps
     assert profile.cost_per_executor_second([stream_path], copies=2) > 0
 
 

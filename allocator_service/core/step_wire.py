@@ -1,0 +1,351 @@
+"""A Step's request read from, and its answer written to, protobuf wire bytes without building
+protobuf objects: the Step channel's path (compiled with the rest of the core).
+
+Reading a StepRequest through protobuf builds a wrapper object for every op and field the
+converter touches, and the retry identity needs the request serialized again; writing the
+answer builds a message per result. Played in process on recorded fleet streams that was a
+fifth of the allocator's time on a Step (docs/architecture.md). This module reads the form our
+executor's client writes (every field once, in any order; token ids packed) and writes exactly
+the bytes protobuf writes for the same answer.
+
+Anything else a valid request may hold (unknown fields, a field given twice, which protobuf
+merges, the repeated `token_ids`, ids past int32, varints of ten bytes, text that is not UTF-8)
+or an invalid one makes `decode_step_request` return None: the caller parses it with protobuf
+as before, which accepts or refuses it with the message it always gave. So this is only ever a
+faster way to the same ops, never a second parser with opinions of its own.
+"""
+from __future__ import annotations
+
+from array import array
+
+from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp,
+                                           OpResult, StepResult)
+from pagedserve.protocol.token_bytes import NATIVE_IS_LITTLE_ENDIAN, TOKEN_BYTES
+
+# Wire types (protobuf encoding): a varint, or a length-delimited run of bytes.
+VARINT = 0
+LEN = 2
+# Values this reader takes from a varint: up to 9 bytes (below 2**63). Longer ones (negative
+# numbers are 10 bytes) go to protobuf, which knows how each field type truncates them.
+MAX_VARINT_BYTES = 9
+INT32_LIMIT = 1 << 31
+# BlockOp's fields: the op kinds.
+KIND_ALLOCATE = 1
+KIND_APPEND = 2
+KIND_FORK = 3
+KIND_FREE = 4
+
+
+class DecodedStep:
+    """A Step's header and ops, and the bytes that identify it (its retry digest's input and
+    its journal entry)."""
+
+    def __init__(self, executor_id: str, epoch: int, step_id: int, ops: list[BlockOp],
+                 body: bytes) -> None:
+        self.executor_id = executor_id
+        self.epoch = epoch
+        self.step_id = step_id
+        self.ops = ops
+        self.body = body
+
+
+class NotFast(Exception):
+    """The bytes hold something this reader leaves to protobuf."""
+
+
+class Reader:
+    """A cursor over one message's bytes, data[pos:end]."""
+
+    def __init__(self, data: bytes, pos: int, end: int) -> None:
+        self.data = data
+        self.pos = pos
+        self.end = end
+
+    def more(self) -> bool:
+        return self.pos < self.end
+
+    def varint(self) -> int:
+        data = self.data
+        pos = self.pos
+        value = 0
+        shift = 0
+        for _ in range(MAX_VARINT_BYTES):
+            if pos >= self.end:
+                raise NotFast()
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                self.pos = pos
+                return value
+            shift += 7
+        raise NotFast()
+
+    def tag(self, expected_wire_type: int) -> int:
+        """The next field's number; its wire type must be the one the field has."""
+        key = self.varint()
+        if key & 7 != expected_wire_type:
+            raise NotFast()
+        return key >> 3
+
+    def key(self) -> int:
+        """The next field's key (number << 3 | wire type)."""
+        return self.varint()
+
+    def length(self) -> int:
+        """A length-delimited field's length; its bytes are data[pos:pos + length]."""
+        size = self.varint()
+        if size > self.end - self.pos:
+            raise NotFast()
+        return size
+
+    def blob(self) -> bytes:
+        size = self.length()
+        start = self.pos
+        self.pos = start + size
+        return self.data[start:start + size]
+
+    def text(self) -> str:
+        try:
+            return self.blob().decode("utf-8")
+        except UnicodeDecodeError:
+            raise NotFast() from None
+
+    def int32(self) -> int:
+        value = self.varint()
+        if value >= INT32_LIMIT:
+            raise NotFast()
+        return value
+
+    def sub(self) -> Reader:
+        """The embedded message that comes next; this reader moves past it."""
+        size = self.length()
+        start = self.pos
+        self.pos = start + size
+        return Reader(self.data, start, start + size)
+
+
+def decode_step_request(body: bytes) -> DecodedStep | None:
+    """The Step in these StepRequest bytes, or None where protobuf must read them."""
+    try:
+        return _decode(body)
+    except NotFast:
+        return None
+
+
+def _decode(body: bytes) -> DecodedStep:
+    reader = Reader(body, 0, len(body))
+    executor_id = ""
+    epoch = 0
+    step_id = 0
+    ops: list[BlockOp] = []
+    seen = 0
+    while reader.more():
+        key = reader.key()
+        if key == 0x22:                       # 4 ops, repeated
+            ops.append(_op(reader.sub()))
+            continue
+        number = key >> 3
+        if number < 1 or number > 3 or seen & (1 << number):
+            raise NotFast()
+        seen |= 1 << number
+        if key == 0x0A:                       # 1 executor_id
+            executor_id = reader.text()
+        elif key == 0x10:                     # 2 epoch
+            epoch = reader.varint()
+        elif key == 0x18:                     # 3 step_id
+            step_id = reader.varint()
+        else:
+            raise NotFast()
+    return DecodedStep(executor_id, epoch, step_id, ops, body)
+
+
+def _op(reader: Reader) -> BlockOp:
+    """One BlockOp: exactly one kind, given once."""
+    kind = reader.tag(LEN)
+    if kind == KIND_APPEND:
+        op: BlockOp = _append(reader.sub())
+    elif kind == KIND_ALLOCATE:
+        op = _allocate(reader.sub())
+    elif kind == KIND_FORK:
+        op = _fork(reader.sub())
+    elif kind == KIND_FREE:
+        op = _free(reader.sub())
+    else:
+        raise NotFast()
+    if reader.more():   # a second kind (the last one wins) or an unknown field
+        raise NotFast()
+    return op
+
+
+def _packed_tokens(reader: Reader) -> object:
+    packed = reader.blob()
+    if not packed:
+        return []   # what protobuf's path gives for no ids: the empty repeated field's list
+    if len(packed) % TOKEN_BYTES:
+        raise NotFast()   # protobuf's path refuses it, naming the op
+    # token_bytes.bytes_to_array, written out: a call into an uncompiled module is dear here.
+    token_ids = array("i")
+    token_ids.frombytes(packed)
+    if not NATIVE_IS_LITTLE_ENDIAN:
+        token_ids.byteswap()
+    return token_ids
+
+
+def _append(reader: Reader) -> AppendOp:
+    seq_id = ""
+    token_ids: object = []
+    lookahead_slots = 0
+    num_computed_tokens = 0
+    seen = 0
+    while reader.more():
+        key = reader.key()
+        number = key >> 3
+        if number < 1 or number > 5 or seen & (1 << number):
+            raise NotFast()
+        seen |= 1 << number
+        if key == 0x0A:
+            seq_id = reader.text()
+        elif key == 0x18:
+            lookahead_slots = reader.int32()
+        elif key == 0x20:
+            num_computed_tokens = reader.varint()
+        elif key == 0x2A:
+            token_ids = _packed_tokens(reader)
+        else:
+            raise NotFast()   # token_ids (2), or a field of the wrong wire type
+    return AppendOp(seq_id, token_ids, lookahead_slots,  # type: ignore[arg-type]
+                    num_computed_tokens)
+
+
+def _allocate(reader: Reader) -> AllocateOp:
+    seq_id = ""
+    token_ids: object = []
+    cache_salt = ""
+    lookahead_slots = 0
+    seen = 0
+    while reader.more():
+        key = reader.key()
+        number = key >> 3
+        if number < 1 or number > 5 or seen & (1 << number):
+            raise NotFast()
+        seen |= 1 << number
+        if key == 0x0A:
+            seq_id = reader.text()
+        elif key == 0x1A:
+            cache_salt = reader.text()
+        elif key == 0x20:
+            lookahead_slots = reader.int32()
+        elif key == 0x2A:
+            token_ids = _packed_tokens(reader)
+        else:
+            raise NotFast()
+    return AllocateOp(seq_id, token_ids, cache_salt,  # type: ignore[arg-type]
+                      lookahead_slots)
+
+
+def _fork(reader: Reader) -> ForkOp:
+    parent = ""
+    child = ""
+    seen = 0
+    while reader.more():
+        key = reader.key()
+        number = key >> 3
+        if number < 1 or number > 2 or seen & (1 << number):
+            raise NotFast()
+        seen |= 1 << number
+        if key == 0x0A:
+            parent = reader.text()
+        elif key == 0x12:
+            child = reader.text()
+        else:
+            raise NotFast()
+    return ForkOp(parent, child)  # type: ignore[arg-type]
+
+
+def _free(reader: Reader) -> FreeOp:
+    seq_id = ""
+    if reader.more():
+        if reader.key() != 0x0A:
+            raise NotFast()
+        seq_id = reader.text()
+        if reader.more():
+            raise NotFast()
+    return FreeOp(seq_id)  # type: ignore[arg-type]
+
+
+# -- the answer ----------------------------------------------------------------------------------
+# Written as a list of byte values turned into bytes once: in compiled code a list of small ints
+# is the cheapest buffer to grow (measured against joined bytes, which cost more than protobuf).
+
+def _put_varint(out: list[int], value: int) -> None:
+    """A varint; a negative value as its 64-bit two's complement (ten bytes), as protobuf
+    writes an int64."""
+    if value < 0:
+        value += 1 << 64
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _put_packed(out: list[int], tag: int, values: list[int]) -> None:
+    body: list[int] = []
+    for value in values:
+        _put_varint(body, value)
+    out.append(tag)
+    _put_varint(out, len(body))
+    out.extend(body)
+
+
+def _put_result(out: list[int], result: OpResult) -> None:
+    body: list[int] = []
+    status = int(result.status)
+    if status:
+        body.append(0x08)
+        _put_varint(body, status)
+        if result.message:
+            text = result.message.encode("utf-8")
+            body.append(0x12)
+            _put_varint(body, len(text))
+            body.extend(text)
+    if result.block_table:
+        _put_packed(body, 0x1A, result.block_table)
+    if result.num_cached_tokens:
+        body.append(0x20)
+        _put_varint(body, result.num_cached_tokens)
+    if result.new_blocks:
+        _put_packed(body, 0x2A, result.new_blocks)
+    for src, dst in result.copies:
+        copy: list[int] = []
+        if src:
+            copy.append(0x08)
+            _put_varint(copy, src)
+        if dst:
+            copy.append(0x10)
+            _put_varint(copy, dst)
+        body.append(0x32)
+        _put_varint(body, len(copy))
+        body.extend(copy)
+    out.append(0x0A)
+    _put_varint(out, len(body))
+    out.extend(body)
+
+
+def encode_step_response(result: StepResult) -> bytes:
+    """The StepResponse of this result, byte for byte what protobuf serializes for it
+    (pagedserve/protocol/block_codec.py's step_result_to_proto)."""
+    out: list[int] = []
+    for op_result in result.results:
+        if op_result is OK:   # most results of a decode Step: an Append that needed no block
+            out.append(0x0A)
+            out.append(0)
+        else:
+            _put_result(out, op_result)
+    if result.replayed:
+        out.append(0x10)
+        out.append(1)
+    if result.num_free_blocks:
+        out.append(0x18)
+        _put_varint(out, result.num_free_blocks)
+    return bytes(out)
