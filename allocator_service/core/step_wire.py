@@ -22,8 +22,8 @@ from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, Fo
                                            OpResult, StepResult)
 from pagedserve.protocol.token_bytes import NATIVE_IS_LITTLE_ENDIAN, TOKEN_BYTES
 
-# Wire types (protobuf encoding): a varint, or a length-delimited run of bytes.
-VARINT = 0
+# The wire type (protobuf encoding) of a length-delimited run of bytes: strings, bytes, packed
+# repeated numbers, embedded messages.
 LEN = 2
 # Values this reader takes from a varint: up to 9 bytes (below 2**63). Longer ones (negative
 # numbers are 10 bytes) go to protobuf, which knows how each field type truncates them.
@@ -60,6 +60,17 @@ class Reader:
         self.data = data
         self.pos = pos
         self.end = end
+        self.seen = 0   # a bit per field number read so far
+
+    def field_key(self, last_number: int) -> int:
+        """The next field's key (number << 3 | wire type), for a field numbered 1 to
+        `last_number` and not read before (a repeat is merged or overridden by protobuf)."""
+        key = self.varint()
+        number = key >> 3
+        if number < 1 or number > last_number or self.seen & (1 << number):
+            raise NotFast()
+        self.seen |= 1 << number
+        return key
 
     def more(self) -> bool:
         return self.pos < self.end
@@ -87,10 +98,6 @@ class Reader:
         if key & 7 != expected_wire_type:
             raise NotFast()
         return key >> 3
-
-    def key(self) -> int:
-        """The next field's key (number << 3 | wire type)."""
-        return self.varint()
 
     def length(self) -> int:
         """A length-delimited field's length; its bytes are data[pos:pos + length]."""
@@ -139,16 +146,12 @@ def _decode(body: bytes) -> DecodedStep:
     epoch = 0
     step_id = 0
     ops: list[BlockOp] = []
-    seen = 0
     while reader.more():
-        key = reader.key()
-        if key == 0x22:                       # 4 ops, repeated
+        if reader.data[reader.pos] == 0x22:   # 4 ops, repeated (a one-byte key)
+            reader.pos += 1
             ops.append(_op(reader.sub()))
             continue
-        number = key >> 3
-        if number < 1 or number > 3 or seen & (1 << number):
-            raise NotFast()
-        seen |= 1 << number
+        key = reader.field_key(3)
         if key == 0x0A:                       # 1 executor_id
             executor_id = reader.text()
         elif key == 0x10:                     # 2 epoch
@@ -197,13 +200,8 @@ def _append(reader: Reader) -> AppendOp:
     token_ids: object = []
     lookahead_slots = 0
     num_computed_tokens = 0
-    seen = 0
     while reader.more():
-        key = reader.key()
-        number = key >> 3
-        if number < 1 or number > 5 or seen & (1 << number):
-            raise NotFast()
-        seen |= 1 << number
+        key = reader.field_key(5)
         if key == 0x0A:
             seq_id = reader.text()
         elif key == 0x18:
@@ -223,13 +221,8 @@ def _allocate(reader: Reader) -> AllocateOp:
     token_ids: object = []
     cache_salt = ""
     lookahead_slots = 0
-    seen = 0
     while reader.more():
-        key = reader.key()
-        number = key >> 3
-        if number < 1 or number > 5 or seen & (1 << number):
-            raise NotFast()
-        seen |= 1 << number
+        key = reader.field_key(5)
         if key == 0x0A:
             seq_id = reader.text()
         elif key == 0x1A:
@@ -247,13 +240,8 @@ def _allocate(reader: Reader) -> AllocateOp:
 def _fork(reader: Reader) -> ForkOp:
     parent = ""
     child = ""
-    seen = 0
     while reader.more():
-        key = reader.key()
-        number = key >> 3
-        if number < 1 or number > 2 or seen & (1 << number):
-            raise NotFast()
-        seen |= 1 << number
+        key = reader.field_key(2)
         if key == 0x0A:
             parent = reader.text()
         elif key == 0x12:
@@ -265,12 +253,10 @@ def _fork(reader: Reader) -> ForkOp:
 
 def _free(reader: Reader) -> FreeOp:
     seq_id = ""
-    if reader.more():
-        if reader.key() != 0x0A:
+    while reader.more():
+        if reader.field_key(1) != 0x0A:
             raise NotFast()
         seq_id = reader.text()
-        if reader.more():
-            raise NotFast()
     return FreeOp(seq_id)  # type: ignore[arg-type]
 
 
