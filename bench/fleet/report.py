@@ -24,6 +24,9 @@ OTHER_GROUPS = 200
 # A point whose stalls exceed this share of its Steps is saturated: the sweep stops there.
 SATURATED_STALL_SHARE = 0.01
 
+# Unsaturated sweep points a CPU line needs before the report extrapolates it to a core.
+MIN_LINE_POINTS = 4
+
 
 @dataclass(slots=True)
 class Point:
@@ -107,9 +110,11 @@ class FleetResults:
         cores) of the sweep's unsaturated points. What one executor costs falls as N grows
         (an event-loop turn and a wakeup serve more Steps), so the cost of one more executor
         is the line's slope, not the cost per executor of a small N. None with fewer than
-        two points."""
+        MIN_LINE_POINTS points: a line through two or three points of a noisy machine says
+        little about where it reaches a core (on 2026-11-28 two points at 5 ms, 8 executors on a
+        disturbed minute and 16, put one core at 148 executors where the median said 27)."""
         points = [p for p in self.of(iteration_ms, store) if not p.saturated]
-        if len(points) < 2:
+        if len(points) < MIN_LINE_POINTS:
             return None
         slope, intercept = statistics.linear_regression([p.executors for p in points],
                                                         [p.cores for p in points])

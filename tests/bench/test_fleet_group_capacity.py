@@ -15,7 +15,7 @@ SHARDS = ["10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052", "10.0.0.4:50052"
 
 def results_with_group(shard_cores_scale: float) -> tuple[FleetResults, Point]:
     results = FleetResults("machine", "command", "workload", "timing")
-    for n in (8, 32, 64):
+    for n in (8, 16, 32, 64):
         results.points.append(Point(20.0, "memory", ReplayResult(
             n, WINDOW_S, steps=1, allocator_cpu_s=(FIXED + PER_EXECUTOR * n) * WINDOW_S)))
     owners = balanced_owners(40, SHARDS)
@@ -79,6 +79,18 @@ def test_without_a_line_there_is_no_projection():
     results, group = results_with_group(1.0)
     results.points = results.points[:1]
     assert group_capacity(results, group) is None
+
+
+def test_too_few_points_for_a_line_give_none():
+    """Two or three unsaturated points are too few to extrapolate to a core: no line, no
+    projection, and the report gives the median alone."""
+    results, group = results_with_group(1.0)
+    results.points = results.points[:3]
+    assert results.cpu_line(20.0, "memory") is None
+    assert group_capacity(results, group) is None
+    results, _ = results_with_group(1.0)
+    fixed, per_executor = results.cpu_line(20.0, "memory")
+    assert math.isclose(fixed, FIXED) and math.isclose(per_executor, PER_EXECUTOR)
 
 
 def test_without_the_shards_cpu_there_is_no_projection():
