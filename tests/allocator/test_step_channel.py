@@ -176,7 +176,12 @@ def test_step_refusals_carry_the_rpc_codes_and_the_connection_serves_on(
     stale = Executor(stub, executor.executor_id, executor.epoch + 1).request(
         1, allocate("s", [1]))
     invalid = executor.request(1, pb.BlockOp())
-    for request, code in ((stale, Code.FAILED_PRECONDITION), (invalid, Code.INVALID_ARGUMENT)):
+    # Packed ids as our client sends them, but 3 bytes: the wire reader leaves it to protobuf's
+    # path, which refuses it as the RPC does.
+    ragged = executor.request(1, pb.BlockOp(append=pb.AppendOp(seq_id="s",
+                                                               packed_token_ids=b"\x01\x02\x03")))
+    for request, code in ((stale, Code.FAILED_PRECONDITION), (invalid, Code.INVALID_ARGUMENT),
+                          (ragged, Code.INVALID_ARGUMENT)):
         connection.send(frame(request.SerializeToString()))
         refusal = connection.refusal()
         expected = rpc_error(lambda: stub.Step(request, timeout=5))
