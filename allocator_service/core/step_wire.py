@@ -99,18 +99,19 @@ class Reader:
             raise NotFast()
         return key >> 3
 
-    def length(self) -> int:
-        """A length-delimited field's length; its bytes are data[pos:pos + length]."""
+    def span(self) -> tuple[int, int]:
+        """Where the length-delimited field that comes next lies, data[start:end]; this reader
+        moves past it."""
         size = self.varint()
-        if size > self.end - self.pos:
+        start = self.pos
+        if size > self.end - start:
             raise NotFast()
-        return size
+        self.pos = start + size
+        return start, self.pos
 
     def blob(self) -> bytes:
-        size = self.length()
-        start = self.pos
-        self.pos = start + size
-        return self.data[start:start + size]
+        start, end = self.span()
+        return self.data[start:end]
 
     def text(self) -> str:
         try:
@@ -126,10 +127,8 @@ class Reader:
 
     def sub(self) -> Reader:
         """The embedded message that comes next; this reader moves past it."""
-        size = self.length()
-        start = self.pos
-        self.pos = start + size
-        return Reader(self.data, start, start + size)
+        start, end = self.span()
+        return Reader(self.data, start, end)
 
 
 def decode_step_request(body: bytes) -> DecodedStep | None:
