@@ -46,7 +46,6 @@ from bench.fleet.capacity import Timing, record
 from bench.fleet.step_stream import StepStream, step_body
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_codec import ops_from_proto, step_result_to_proto
-from pagedserve.protocol.block_ops import StepResult
 
 WIRE_STAGES = ("decode", "digest", "core", "commit", "encode")
 PROTOBUF_STAGES = ("parse", "convert", "digest", "core", "commit", "encode")
@@ -94,11 +93,10 @@ def play(streams: list[StepStream], copies: int, collect: bool, protobuf: bool =
     seconds, clock = times.seconds, time.perf_counter
     try:
         for body, reply in arrivals:
-            if protobuf:
-                answer, ops = _through_protobuf(core, store, body, seconds, clock, times)
-            else:
-                answer, ops = _through_the_wire_reader(core, store, body, seconds, clock,
-                                                       times)
+            laps = Laps(seconds, clock)
+            answer, ops = (_through_protobuf if protobuf else _through_the_wire_reader)(
+                core, store, body, laps)
+            times.per_step_s.append(laps.total())
             times.steps += 1
             times.ops += ops
             times.mismatches += answer != reply
@@ -110,56 +108,54 @@ def play(streams: list[StepStream], copies: int, collect: bool, protobuf: bool =
     return times
 
 
+class Laps:
+    """One Step's stopwatch: each lap's time goes to its stage."""
+
+    def __init__(self, seconds: dict[str, float], clock: Callable[[], float]) -> None:
+        self.seconds, self.clock = seconds, clock
+        self.started = self.last = clock()
+
+    def lap(self, stage: str) -> None:
+        now = self.clock()
+        self.seconds[stage] += now - self.last
+        self.last = now
+
+    def total(self) -> float:
+        return self.last - self.started
+
+
 def _through_the_wire_reader(core: Allocator, store: MemoryStore, body: bytes,
-                             seconds: dict[str, float], clock: Callable[[], float],
-                             times: StageTimes) -> tuple[bytes, int]:
+                             laps: Laps) -> tuple[bytes, int]:
     """One Step as the Step channel takes it; its answer and number of ops."""
-    started = clock()
     step = decode_step_request(body)
     assert step is not None, "a recorded Step the wire reader leaves to protobuf"
-    decoded = clock()
+    laps.lap("decode")
     digest = commands.step_digest(step.body)
-    digested = clock()
+    laps.lap("digest")
     result = core.step(step.executor_id, step.epoch, step.step_id, step.ops, digest)
-    stepped = clock()
+    laps.lap("core")
     store.commit(core, commands.step(body), core.events.take())
-    committed = clock()
+    laps.lap("commit")
     answer = encode_step_response(result)
-    encoded = clock()
-    seconds["decode"] += decoded - started
-    seconds["digest"] += digested - decoded
-    seconds["core"] += stepped - digested
-    seconds["commit"] += committed - stepped
-    seconds["encode"] += encoded - committed
-    times.per_step_s.append(encoded - started)
+    laps.lap("encode")
     return answer, len(step.ops)
 
 
 def _through_protobuf(core: Allocator, store: MemoryStore, body: bytes,
-                      seconds: dict[str, float], clock: Callable[[], float],
-                      times: StageTimes) -> tuple[bytes, int]:
+                      laps: Laps) -> tuple[bytes, int]:
     """One Step through protobuf objects, as the Step RPC takes it."""
-    started = clock()
     request = pb.StepRequest.FromString(body)
-    parsed = clock()
+    laps.lap("parse")
     ops = ops_from_proto(request.ops)
-    converted = clock()
+    laps.lap("convert")
     digest = commands.step_digest(request.SerializeToString(deterministic=True))
-    digested = clock()
-    result: StepResult = core.step(request.executor_id, request.epoch, request.step_id, ops,
-                                   digest)
-    stepped = clock()
+    laps.lap("digest")
+    result = core.step(request.executor_id, request.epoch, request.step_id, ops, digest)
+    laps.lap("core")
     store.commit(core, commands.step(body), core.events.take())
-    committed = clock()
+    laps.lap("commit")
     answer = step_result_to_proto(result).SerializeToString()
-    encoded = clock()
-    seconds["parse"] += parsed - started
-    seconds["convert"] += converted - parsed
-    seconds["digest"] += digested - converted
-    seconds["core"] += stepped - digested
-    seconds["commit"] += committed - stepped
-    seconds["encode"] += encoded - committed
-    times.per_step_s.append(encoded - started)
+    laps.lap("encode")
     return answer, len(ops)
 
 
