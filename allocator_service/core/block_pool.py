@@ -5,7 +5,7 @@ sequence gets which block, and when, is decided by `ExecutorPool` above it.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from allocator_service.core.block import Block, BlockId, PrefixKey
 from allocator_service.core.block_hash import BlockHash, HashFn, PackedTokens, hash_packed
@@ -55,14 +55,16 @@ class BlockPool:
             self.free_queue.remove(block)
         block.ref_count += 1
 
-    def release(self, blocks: Sequence[Block]) -> None:
+    def release(self, blocks: list[Block]) -> None:
         """Drops one reference from each block, last block first.
 
         Blocks reaching zero go back to the free list: cached ones to the tail (kept for reuse,
         a sequence's first block freed last so a prefix outlives its continuation), the rest
         to the head (taken first).
         """
-        for block in reversed(blocks):
+        # By index: compiled, reversed() is a generic iterator, 2 % of a fleet replay's CPU.
+        for index in range(len(blocks) - 1, -1, -1):
+            block = blocks[index]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block.block_id} released below zero"
             if block.ref_count == 0:

@@ -16,7 +16,7 @@ from allocator_service.core.block_pool import BlockPool
 from allocator_service.core.errors import SequenceExists, UnknownSequence
 from allocator_service.core.sequence import Sequence
 from pagedserve.common.errors import ResourceExhausted
-from pagedserve.protocol.block_ops import Allocation, SeqId
+from pagedserve.protocol.block_ops import SeqId
 from pagedserve.protocol.token_bytes import TOKEN_BYTES
 
 
@@ -56,6 +56,25 @@ class Growth:
 
 # An Append that needed no new block and no copy (most decode steps). Shared, never mutated.
 NO_GROWTH = Growth([], [])
+
+
+class Allocation:
+    """What an Allocate made: the new sequence's block table and how many of its prompt tokens
+    were served from the prefix cache. A plain class for the reason Growth is one."""
+
+    __slots__ = ("block_table", "num_cached_tokens")
+
+    def __init__(self, block_table: list[int], num_cached_tokens: int) -> None:
+        self.block_table = block_table
+        self.num_cached_tokens = num_cached_tokens
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Allocation) and self.block_table == other.block_table
+                and self.num_cached_tokens == other.num_cached_tokens)
+
+    def __repr__(self) -> str:
+        return (f"Allocation(block_table={self.block_table!r}, "
+                f"num_cached_tokens={self.num_cached_tokens!r})")
 
 
 class ExecutorPool:

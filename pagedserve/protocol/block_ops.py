@@ -62,12 +62,6 @@ class OpStatus(enum.IntEnum):
     TOO_LARGE = 4
 
 
-@dataclass(slots=True, frozen=True)
-class Allocation:
-    block_table: list[int]
-    num_cached_tokens: int
-
-
 @dataclass(slots=True)
 class OpResult:
     status: OpStatus = OpStatus.OK

@@ -9,9 +9,8 @@ from collections import Counter
 
 from allocator_service.core.audit import audit_pool
 from allocator_service.core.block_hash import pack_tokens
-from allocator_service.core.executor_pool import ExecutorPool
+from allocator_service.core.executor_pool import Allocation, ExecutorPool
 from allocator_service.core.inspection import BlockState, block_views, pool_stats
-from pagedserve.protocol.block_ops import Allocation
 from tests.support.allocator_core import A10, new_pool
 
 

@@ -6,8 +6,8 @@ behind them.
 from __future__ import annotations
 
 from allocator_service.core.audit import audit_pool
-from allocator_service.core.executor_pool import Growth
-from pagedserve.protocol.block_ops import AllocateOp, Allocation, AppendOp, ForkOp, OpStatus
+from allocator_service.core.executor_pool import Allocation, Growth
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp, OpStatus
 from tests.support.allocator_core import new_pool, registered, table
 
 # -- fork and copy-on-write -----------------------------------------------------------------------

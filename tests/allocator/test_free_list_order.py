@@ -6,8 +6,7 @@ next), cached ones at the tail, a sequence's first block last (so it is evicted 
 from __future__ import annotations
 
 from allocator_service.core.audit import audit_pool
-from allocator_service.core.executor_pool import ExecutorPool
-from pagedserve.protocol.block_ops import Allocation
+from allocator_service.core.executor_pool import Allocation, ExecutorPool
 from tests.support.allocator_core import A9, cached_ids, free_ids, new_pool
 
 B9 = list(range(100, 109))

@@ -6,8 +6,8 @@ behind them.
 """
 from __future__ import annotations
 
-from allocator_service.core.executor_pool import ExecutorPool
-from pagedserve.protocol.block_ops import AllocateOp, Allocation, AppendOp, OpStatus
+from allocator_service.core.executor_pool import Allocation, ExecutorPool
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, OpStatus
 from tests.support.allocator_core import A9, free_ids, new_pool, registered, snapshot
 
 

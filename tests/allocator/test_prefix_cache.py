@@ -12,8 +12,8 @@ import pytest
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
 from allocator_service.core.block_hash import BlockHash
-from allocator_service.core.executor_pool import Growth
-from pagedserve.protocol.block_ops import AllocateOp, Allocation, AppendOp, FreeOp
+from allocator_service.core.executor_pool import Allocation, Growth
+from pagedserve.protocol.block_ops import AllocateOp, AppendOp, FreeOp
 from tests.support.allocator_core import (A9, A10, BLOCK_SIZE, NUM_BLOCKS, cached_ids, free_ids,
                                           new_pool, registered, table)
 
