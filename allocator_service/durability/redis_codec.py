@@ -128,22 +128,25 @@ def events_xadd(keys: Keys, events: list[PackedEvent], trim_below: int | None
 
 def encode_events(events: list[PackedEvent]) -> bytes:
     """The `events` field: the JSON array described above."""
-    names: dict[str, str] = {}  # executor id -> its JSON string (a Step's events share one)
+    names: dict[bytes, str] = {}  # executor id -> its JSON string (a Step's events share one)
     parts = []
-    for _, type_, executor_id, block_id, block_hash, parent_hash, tokens, reason, num_blocks, \
-            block_size in events:
-        executor = names.get(executor_id)
+    for event in events:
+        type_, packed_executor_id = event[1], event[2]
+        executor = names.get(packed_executor_id)
         if executor is None:
-            executor = names[executor_id] = json.dumps(executor_id)
+            executor = names[packed_executor_id] = json.dumps(packed_executor_id.decode())
         kind = _TYPE_MEMBER[type_]
         if type_ == KvEventType.BLOCK_STORED:
+            _, _, _, block_id, block_hash, parent_hash, tokens = event
             parts.append(f'{{{kind},"executor":{executor},"block":{block_id},'
                          f'"hash":"{block_hash.hex()}","parent":"{parent_hash.hex()}",'
                          f'"packed_tokens":"{tokens.hex()}"}}')
         elif type_ == KvEventType.BLOCK_REMOVED:
+            _, _, _, block_id, block_hash = event
             parts.append(f'{{{kind},"executor":{executor},"block":{block_id},'
                          f'"hash":"{block_hash.hex()}"}}')
         else:
+            _, _, _, reason, num_blocks, block_size = event
             parts.append(f'{{{kind},"executor":{executor},'
                          f'"reason":{json.dumps(reason)},"num_blocks":{num_blocks},'
                          f'"block_size":{block_size}}}')
