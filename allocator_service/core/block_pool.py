@@ -140,14 +140,14 @@ class BlockPool:
 
     def _evict(self, block: Block) -> None:
         assert block.block_hash is not None
-        # One probe: the entry is nearly always this block. Once a fleet's pools have cycled
-        # through their free lists, every block taken is evicted, and its index entry is cold.
-        entry = self.hash_index.pop(block.block_hash, None)
-        if entry is block:
+        # Once a fleet's pools have cycled through their free lists, every block taken is
+        # evicted, and its index entry is cold: the get brings it in, the del finds it warm.
+        # (Compiled, get and del are direct calls; pop is a method looked up by name.)
+        index = self.hash_index
+        if index.get(block.block_hash) is block:  # else not this block's entry: left alone
+            del index[block.block_hash]
             if self.events is not None:
                 self.events.removed(block)
-        elif entry is not None:  # not this block's entry (register keeps that from
-            self.hash_index[block.block_hash] = entry  # happening): put it back
         block.forget_prefix()
 
     def _new_node_id(self) -> int:

@@ -297,9 +297,8 @@ class ExecutorPool:
 
     def free(self, seq_id: SeqId) -> None:
         """Ends the sequence; blocks nobody else holds return to the free list."""
-        seq = self.sequences.pop(seq_id, None)
-        if seq is None:
-            raise UnknownSequence(seq_id)
+        seq = self._get(seq_id)
+        del self.sequences[seq_id]  # compiled, a direct call where pop() is a method lookup
         self.blocks.release(seq.block_table)
 
     def discard(self) -> None:
