@@ -22,16 +22,11 @@ from typing import Any
 import redis
 
 from allocator_service.core.block_hash import PackedTokens, unpack_tokens
+from allocator_service.core.event_json import EVENT_TYPE_TEXT, encode_events
 from allocator_service.core.kv_events import KvEvent, KvEventType, PackedEvent
 from allocator_service.durability.commands import Command
 
 DEFAULT_NAMESPACE = "pagedserve:allocator"
-
-EVENT_TYPE_NAMES = {KvEventType.BLOCK_STORED: b"BlockStored",
-                    KvEventType.BLOCK_REMOVED: b"BlockRemoved",
-                    KvEventType.POOL_RESET: b"PoolReset"}
-EVENT_TYPES_BY_NAME = {name: type_ for type_, name in EVENT_TYPE_NAMES.items()}
-
 
 @dataclass(slots=True, frozen=True)
 class Keys:
@@ -107,14 +102,10 @@ def decode_snapshot(blob: bytes) -> dict[str, Any]:
 #
 # One entry per command rather than per event: a decoding executor stores and evicts about two
 # thousand blocks a second, and an XADD each was most of what durability cost the allocator.
-# The JSON is written as text rather than through json.dumps of a dict per event, and the tokens
-# as hex rather than an array of numbers: for a Step's hundred-odd events that is 25 µs of
-# the allocator's CPU instead of 170 µs, which was half of what a durable Step cost it.
+# The array is written by the compiled core (core/event_json.py): as text rather than through
+# json.dumps of a dict per event, and the tokens as hex rather than an array of numbers.
 
-EVENT_TYPE_TEXT = {type_: name.decode() for type_, name in EVENT_TYPE_NAMES.items()}
 EVENT_TYPES_BY_TEXT = {name: type_ for type_, name in EVENT_TYPE_TEXT.items()}
-# Each type's `"type":"..."` member, as encode_events writes it.
-_TYPE_MEMBER = {type_: f'"type":{json.dumps(name)}' for type_, name in EVENT_TYPE_TEXT.items()}
 
 
 def events_xadd(keys: Keys, events: list[PackedEvent], trim_below: int | None
@@ -124,33 +115,6 @@ def events_xadd(keys: Keys, events: list[PackedEvent], trim_below: int | None
     trim = ("MINID", "~", entry_id(trim_below)) if trim_below is not None else ()
     return ("XADD", keys.events, *trim, entry_id(events[0][0]), b"count", len(events),
             b"events", encode_events(events))
-
-
-def encode_events(events: list[PackedEvent]) -> bytes:
-    """The `events` field: the JSON array described above."""
-    names: dict[bytes, str] = {}  # executor id -> its JSON string (a Step's events share one)
-    parts = []
-    for event in events:
-        type_, packed_executor_id = event[1], event[2]
-        executor = names.get(packed_executor_id)
-        if executor is None:
-            executor = names[packed_executor_id] = json.dumps(packed_executor_id.decode())
-        kind = _TYPE_MEMBER[type_]
-        if type_ == KvEventType.BLOCK_STORED:
-            _, _, _, block_id, block_hash, parent_hash, tokens = event
-            parts.append(f'{{{kind},"executor":{executor},"block":{block_id},'
-                         f'"hash":"{block_hash.hex()}","parent":"{parent_hash.hex()}",'
-                         f'"packed_tokens":"{tokens.hex()}"}}')
-        elif type_ == KvEventType.BLOCK_REMOVED:
-            _, _, _, block_id, block_hash = event
-            parts.append(f'{{{kind},"executor":{executor},"block":{block_id},'
-                         f'"hash":"{block_hash.hex()}"}}')
-        else:
-            _, _, _, reason, num_blocks, block_size = event
-            parts.append(f'{{{kind},"executor":{executor},'
-                         f'"reason":{json.dumps(reason)},"num_blocks":{num_blocks},'
-                         f'"block_size":{block_size}}}')
-    return f"[{','.join(parts)}]".encode()
 
 
 def entry_last_seq(entry_id_: bytes, fields: dict[bytes, bytes]) -> int:
@@ -165,7 +129,7 @@ def events_from_entry(entry_id_: bytes, fields: dict[bytes, bytes]) -> list[KvEv
 
 
 def _event_from_object(seq: int, item: dict[str, Any]) -> KvEvent:
-    type_ = EVENT_TYPES_BY_TEXT[item["type"]]
+    type_ = KvEventType(EVENT_TYPES_BY_TEXT[item["type"]])
     if type_ == KvEventType.POOL_RESET:
         return KvEvent(seq, type_, item["executor"], reason=item["reason"],
                        num_blocks=item["num_blocks"], block_size=item["block_size"])
