@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Final
 
 from allocator_service.core.block_hash import HashFn, hash_packed
 from allocator_service.core.errors import (ExecutorIndexTaken, StaleEpoch, StepIdReused,
@@ -27,7 +28,7 @@ from pagedserve.protocol.limits import Limits
 # in the in-memory store). Version 2 writes repeated objects (OK results, a pool's executor id)
 # out again, where later versions look every object up in a table to write repeats as
 # references: a quarter faster for a Step's results, 13 % for its events, a little larger.
-MARSHAL_VERSION = 2
+MARSHAL_VERSION: Final = 2
 
 
 class RecordedStep:
@@ -70,7 +71,7 @@ class RecordedStep:
 
 
 # An OK result (most decode appends), packed once.
-_PACKED_OK = (int(OpStatus.OK), "", (), 0, (), ())
+_PACKED_OK: Final = (int(OpStatus.OK), "", (), 0, (), ())
 
 
 @dataclass(slots=True)

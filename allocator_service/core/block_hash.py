@@ -18,13 +18,13 @@ import struct
 from array import array
 from collections.abc import Callable, Sequence
 from hashlib import blake2b
-from typing import NewType
+from typing import Final, NewType
 
 from pagedserve.protocol.token_bytes import (NATIVE_IS_LITTLE_ENDIAN, array_to_bytes,
                                              bytes_to_array, ids_to_bytes)
 
 BlockHash = NewType("BlockHash", bytes)
-HASH_BYTES = 16
+HASH_BYTES: Final = 16
 
 # A full block's token ids as the hash covers them: little-endian uint32, TOKEN_BYTES a token
 # (pagedserve/protocol/token_bytes.py).
@@ -47,7 +47,7 @@ def root_hash(model_fingerprint: str, cache_salt: str) -> BlockHash:
 
 # A hasher with nothing fed to it, copied for each block: a copy skips parsing the
 # constructor's keyword arguments, a quarter of hashing a block.
-_UNFED = blake2b(digest_size=HASH_BYTES)
+_UNFED: Final = blake2b(digest_size=HASH_BYTES)
 
 
 def hash_packed(parent: BlockHash, tokens: PackedTokens) -> BlockHash:

@@ -8,12 +8,13 @@ Compiled, a Step's 112 events (69 stored, 43 removed) take 29 µs instead of 39 
 from __future__ import annotations
 
 import json
+from typing import Final
 
 from allocator_service.core.kv_events import KvEventType, PackedEvent
 
-_STORED = int(KvEventType.BLOCK_STORED)
-_REMOVED = int(KvEventType.BLOCK_REMOVED)
-_RESET = int(KvEventType.POOL_RESET)
+_STORED: Final = int(KvEventType.BLOCK_STORED)
+_REMOVED: Final = int(KvEventType.BLOCK_REMOVED)
+_RESET: Final = int(KvEventType.POOL_RESET)
 
 # The `type` member of each kind of event.
 EVENT_TYPE_TEXT: dict[int, str] = {_STORED: "BlockStored", _REMOVED: "BlockRemoved",

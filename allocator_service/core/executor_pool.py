@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence as Seq
+from typing import Final
 
 from allocator_service.core.block import Block, PrefixKey
 from allocator_service.core.block_hash import (BlockHash, HashFn, PackedTokens, hash_packed,
@@ -30,7 +31,7 @@ def blocks_for(num_slots: int, block_size: int) -> int:
 
 # Salts whose root hash a pool remembers; past this many it forgets them all and starts over
 # (tenants are few; a flood of one-off salts must not grow memory).
-MAX_REMEMBERED_ROOTS = 1024
+MAX_REMEMBERED_ROOTS: Final = 1024
 
 
 class Growth:
@@ -55,7 +56,7 @@ class Growth:
 
 
 # An Append that needed no new block and no copy (most decode steps). Shared, never mutated.
-NO_GROWTH = Growth([], [])
+NO_GROWTH: Final = Growth([], [])
 
 
 class Allocation:
@@ -111,11 +112,11 @@ class ExecutorPool:
         chain_hash_ = self.root_hash(cache_salt)
         chain_key: PrefixKey = cache_salt
         hits: list[Block] = []
-        hash_fn, lookup = self.blocks.hash_fn, self.blocks.lookup
+        blocks = self.blocks
         for start in range(0, (len(token_ids) - 1) // size * size, size):
             block_tokens = packed_slice(token_ids, start, start + size)
-            block_hash = hash_fn(chain_hash_, block_tokens)
-            block = lookup(block_hash, chain_key, block_tokens)
+            block_hash = blocks.hash(chain_hash_, block_tokens)
+            block = blocks.lookup(block_hash, chain_key, block_tokens)
             if block is None:
                 break
             hits.append(block)
@@ -253,7 +254,7 @@ class ExecutorPool:
         first, end = seq.num_hashed_blocks, seq.num_computed_tokens // size
         if end <= first:
             return
-        hash_fn, register, table = self.blocks.hash_fn, self.blocks.register, seq.block_table
+        blocks, table = self.blocks, seq.block_table
         # The new full blocks' tokens cut from the array once, then per block as bytes: an
         # Append at --reserve-blocks R fills about R blocks, and cutting each from the array
         # made an array object and a bytes object per block. The array starts at block `first`.
@@ -265,8 +266,9 @@ class ExecutorPool:
             offset = (index - first) * width
             # A slice of the whole of `packed` (one block) is `packed` itself, not a copy.
             block_tokens = PackedTokens(packed[offset:offset + width])
-            block_hash = hash_fn(chain_hash_, block_tokens)
-            chain_key = register(table[index], block_hash, chain_hash_, chain_key, block_tokens)
+            block_hash = blocks.hash(chain_hash_, block_tokens)
+            chain_key = blocks.register(table[index], block_hash, chain_hash_, chain_key,
+                                        block_tokens)
             chain_hash_ = block_hash
         seq.chain_hash, seq.chain_key, seq.num_hashed_blocks = chain_hash_, chain_key, end
         del unhashed[:(end - first) * size]

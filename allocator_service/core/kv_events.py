@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from allocator_service.core.block import Block
 from allocator_service.core.block_hash import PackedTokens, pack_tokens, unpack_tokens
@@ -70,9 +70,9 @@ class KvEvent:
 # long to marshal, about 5 % of a fleet's in-memory allocator.
 PackedEvent = tuple[Any, ...]
 
-_STORED = int(KvEventType.BLOCK_STORED)
-_REMOVED = int(KvEventType.BLOCK_REMOVED)
-_RESET = int(KvEventType.POOL_RESET)
+_STORED: Final = int(KvEventType.BLOCK_STORED)
+_REMOVED: Final = int(KvEventType.BLOCK_REMOVED)
+_RESET: Final = int(KvEventType.POOL_RESET)
 
 
 def pack(event: KvEvent) -> PackedEvent:

@@ -17,6 +17,7 @@ faster way to the same ops, never a second parser with opinions of its own.
 from __future__ import annotations
 
 from array import array
+from typing import Final
 
 from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp,
                                            OpResult, StepResult)
@@ -24,16 +25,16 @@ from pagedserve.protocol.token_bytes import NATIVE_IS_LITTLE_ENDIAN, TOKEN_BYTES
 
 # The wire type (protobuf encoding) of a length-delimited run of bytes: strings, bytes, packed
 # repeated numbers, embedded messages.
-LEN = 2
+LEN: Final = 2
 # Values this reader takes from a varint: up to 9 bytes (below 2**63). Longer ones (negative
 # numbers are 10 bytes) go to protobuf, which knows how each field type truncates them.
-MAX_VARINT_BYTES = 9
-INT32_LIMIT = 1 << 31
+MAX_VARINT_BYTES: Final = 9
+INT32_LIMIT: Final = 1 << 31
 # BlockOp's fields: the op kinds.
-KIND_ALLOCATE = 1
-KIND_APPEND = 2
-KIND_FORK = 3
-KIND_FREE = 4
+KIND_ALLOCATE: Final = 1
+KIND_APPEND: Final = 2
+KIND_FORK: Final = 3
+KIND_FREE: Final = 4
 
 
 class DecodedStep:

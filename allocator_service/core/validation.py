@@ -4,14 +4,15 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import Final
 
 from pagedserve.common.errors import InvalidArgument
 from pagedserve.protocol.block_ops import AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp, InvalidOp
 from pagedserve.protocol.limits import Limits
 
-MAX_TOKEN_ID = (1 << 31) - 1  # the proto carries token ids as int32
+MAX_TOKEN_ID: Final = (1 << 31) - 1  # the proto carries token ids as int32
 # Where an int32's sign sits among its 4 bytes.
-_SIGN_BYTE = 3 if sys.byteorder == "little" else 0
+_SIGN_BYTE: Final = 3 if sys.byteorder == "little" else 0
 
 
 def validate_registration(limits: Limits, executor_id: str, address: str, num_blocks: int,
