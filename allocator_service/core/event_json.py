@@ -8,17 +8,14 @@ Compiled, a Step's 112 events (69 stored, 43 removed) take 29 µs instead of 39 
 from __future__ import annotations
 
 import json
-from typing import Final
 
-from allocator_service.core.kv_events import KvEventType, PackedEvent
+from allocator_service.core.kv_events import (PACKED_REMOVED, PACKED_STORED, KvEventType,
+                                              PackedEvent)
 
-_STORED: Final = int(KvEventType.BLOCK_STORED)
-_REMOVED: Final = int(KvEventType.BLOCK_REMOVED)
-_RESET: Final = int(KvEventType.POOL_RESET)
-
-# The `type` member of each kind of event.
-EVENT_TYPE_TEXT: dict[int, str] = {_STORED: "BlockStored", _REMOVED: "BlockRemoved",
-                                   _RESET: "PoolReset"}
+# The `type` member of each kind of event (encode_events writes them into its text).
+EVENT_TYPE_TEXT: dict[KvEventType, str] = {KvEventType.BLOCK_STORED: "BlockStored",
+                                           KvEventType.BLOCK_REMOVED: "BlockRemoved",
+                                           KvEventType.POOL_RESET: "PoolReset"}
 
 
 def encode_events(events: list[PackedEvent]) -> bytes:
@@ -33,7 +30,7 @@ def encode_events(events: list[PackedEvent]) -> bytes:
         if executor is None:
             executor = json.dumps(packed_executor_id.decode())
             names[packed_executor_id] = executor
-        if type_ == _STORED:
+        if type_ == PACKED_STORED:
             block_id: int = event[3]
             block_hash: bytes = event[4]
             parent_hash: bytes = event[5]
@@ -41,7 +38,7 @@ def encode_events(events: list[PackedEvent]) -> bytes:
             parts.append(f'{{"type":"BlockStored","executor":{executor},"block":{block_id},'
                          f'"hash":"{block_hash.hex()}","parent":"{parent_hash.hex()}",'
                          f'"packed_tokens":"{tokens.hex()}"}}')
-        elif type_ == _REMOVED:
+        elif type_ == PACKED_REMOVED:
             removed_id: int = event[3]
             removed_hash: bytes = event[4]
             parts.append(f'{{"type":"BlockRemoved","executor":{executor},"block":{removed_id},'

@@ -70,19 +70,21 @@ class KvEvent:
 # long to marshal, about 5 % of a fleet's in-memory allocator.
 PackedEvent = tuple[Any, ...]
 
-_STORED: Final = int(KvEventType.BLOCK_STORED)
-_REMOVED: Final = int(KvEventType.BLOCK_REMOVED)
-_RESET: Final = int(KvEventType.POOL_RESET)
+# A packed event's type field (its KvEventType as a plain int).
+PACKED_STORED: Final = int(KvEventType.BLOCK_STORED)
+PACKED_REMOVED: Final = int(KvEventType.BLOCK_REMOVED)
+PACKED_RESET: Final = int(KvEventType.POOL_RESET)
 
 
 def pack(event: KvEvent) -> PackedEvent:
     executor = event.executor_id.encode()
     if event.type == KvEventType.BLOCK_STORED:
-        return (event.seq, _STORED, executor, event.block_id, event.block_hash,
+        return (event.seq, PACKED_STORED, executor, event.block_id, event.block_hash,
                 event.parent_hash, pack_tokens(event.token_ids))
     if event.type == KvEventType.BLOCK_REMOVED:
-        return (event.seq, _REMOVED, executor, event.block_id, event.block_hash)
-    return (event.seq, _RESET, executor, str(event.reason), event.num_blocks, event.block_size)
+        return (event.seq, PACKED_REMOVED, executor, event.block_id, event.block_hash)
+    return (event.seq, PACKED_RESET, executor, str(event.reason), event.num_blocks,
+            event.block_size)
 
 
 def unpack(packed: PackedEvent) -> KvEvent:
@@ -108,7 +110,7 @@ class KvEventLog:
 
     def pool_reset(self, executor_id: str, reason: str, num_blocks: int = 0,
                    block_size: int = 0) -> None:
-        self.pending.append((self.next_seq(), _RESET, executor_id.encode(), str(reason),
+        self.pending.append((self.next_seq(), PACKED_RESET, executor_id.encode(), str(reason),
                              num_blocks, block_size))
 
     def next_seq(self) -> int:
@@ -138,11 +140,11 @@ class PoolEvents:
 
     def stored(self, block: Block) -> None:
         assert block.block_hash is not None and block.tokens is not None
-        self.log.pending.append((self.log.next_seq(), _STORED, self.packed_executor_id,
+        self.log.pending.append((self.log.next_seq(), PACKED_STORED, self.packed_executor_id,
                                  block.block_id, block.block_hash, block.parent_hash or b"",
                                  block.tokens))
 
     def removed(self, block: Block) -> None:
         assert block.block_hash is not None
-        self.log.pending.append((self.log.next_seq(), _REMOVED, self.packed_executor_id,
+        self.log.pending.append((self.log.next_seq(), PACKED_REMOVED, self.packed_executor_id,
                                  block.block_id, block.block_hash))

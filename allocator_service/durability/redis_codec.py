@@ -129,7 +129,7 @@ def events_from_entry(entry_id_: bytes, fields: dict[bytes, bytes]) -> list[KvEv
 
 
 def _event_from_object(seq: int, item: dict[str, Any]) -> KvEvent:
-    type_ = KvEventType(EVENT_TYPES_BY_TEXT[item["type"]])
+    type_ = EVENT_TYPES_BY_TEXT[item["type"]]
     if type_ == KvEventType.POOL_RESET:
         return KvEvent(seq, type_, item["executor"], reason=item["reason"],
                        num_blocks=item["num_blocks"], block_size=item["block_size"])
