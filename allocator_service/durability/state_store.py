@@ -101,6 +101,9 @@ class MemoryStore(StateStore):
         self._num_events = 0
         self._last_seq = 0
         self._new_events = threading.Condition()
+        # Readers blocked in read_events: a commit wakes them only when there are any (a
+        # Condition's notify_all is several Python calls even with nobody to wake).
+        self._waiting = 0
 
     def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
         if events:
@@ -110,7 +113,8 @@ class MemoryStore(StateStore):
                 self._num_events += len(events)
                 self._last_seq = events[-1][0]
                 self._drop_oldest()
-                self._new_events.notify_all()
+                if self._waiting:
+                    self._new_events.notify_all()
 
     def _drop_oldest(self) -> None:
         while self._num_events > self.max_events:
@@ -127,7 +131,11 @@ class MemoryStore(StateStore):
     def read_events(self, from_seq: int, limit: int, wait_s: float) -> list[KvEvent]:
         with self._new_events:
             if wait_s > 0 and (not self._batches or self._last_seq < from_seq):
-                self._new_events.wait(wait_s)
+                self._waiting += 1
+                try:
+                    self._new_events.wait(wait_s)
+                finally:
+                    self._waiting -= 1
             if limit <= 0 or not self._batches or self._last_seq < from_seq:
                 return []
             # Numbers can skip (a change that raised drops its events), so search, not subtract:
