@@ -5,18 +5,18 @@ lock), so no caller ever sees a half-applied step.
 """
 from __future__ import annotations
 
-import marshal
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
 
 from allocator_service.core.block_hash import HashFn, hash_packed
 from allocator_service.core.errors import (ExecutorIndexTaken, StaleEpoch, StepIdReused,
                                            StepIdTooOld, UnknownExecutor)
 from allocator_service.core.executor_pool import NO_GROWTH, ExecutorPool, PromptTooLarge
 from allocator_service.core.kv_events import KvEventLog, PoolEvents, PoolResetReason
+from allocator_service.core.step_wire import (PackedResult, decode_step_response,
+                                             encode_step_response)
 from allocator_service.core.validation import validate_ops, validate_prompt, validate_registration
 from pagedserve.common.errors import AlreadyExists, NotFound
 from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, ForkOp, InvalidOp,
@@ -24,54 +24,38 @@ from pagedserve.protocol.block_ops import (OK, AllocateOp, AppendOp, BlockOp, Fo
 from pagedserve.protocol.limits import Limits
 
 
-# The marshal format of what the allocator keeps as bytes (recorded results here, kept KV events
-# in the in-memory store). Version 2 writes repeated objects (OK results, a pool's executor id)
-# out again, where later versions look every object up in a table to write repeats as
-# references: a quarter faster for a Step's results, 13 % for its events, a little larger.
-MARSHAL_VERSION: Final = 2
-
-
 class RecordedStep:
     """A step's result kept for answering its retries.
 
-    Kept as one bytes object (marshal of plain tuples), which the cyclic collector never tracks.
-    Each executor's last 64 results live for seconds, so as tuples (tens of thousands of them in
-    a fleet) every one would be walked by a collection at least once; with the in-memory store's
-    kept events, that was about a tenth of the allocator's CPU in a fleet replay. Retries and
-    snapshots, which read them, are rare.
+    Kept as its answer's StepResponse bytes (`answer`, core/step_wire.py): one bytes object,
+    which the cyclic collector never tracks. Each executor's last 64 results live for seconds,
+    so as objects or tuples (tens of thousands of them in a fleet) every one would be walked
+    by a collection at least once. They are also the very bytes the Step channel sends
+    (`StepResult.encoded`), so keeping an answer costs no more than writing it once: until
+    2026-11-28 the results were marshalled here and encoded again for the reply. Retries and
+    snapshots, which read them back, are rare.
     """
 
-    __slots__ = ("identity", "_packed")
+    __slots__ = ("identity", "answer")
 
     def __init__(self, identity: bytes | list[BlockOp], result: StepResult) -> None:
         # What identifies the request: the caller's digest of it (the server hashes the
         # serialized request), or else the list of ops itself, compared with ==.
         self.identity = identity
-        # The lists as they are: marshal writes a list as it writes a tuple, and copying each
-        # into a tuple first cost a quarter of recording a Step.
-        self._packed = marshal.dumps((result.num_free_blocks, [
-            _PACKED_OK if r is OK else
-            (int(r.status), r.message, r.block_table, r.num_cached_tokens, r.new_blocks,
-             r.copies) for r in result.results]), MARSHAL_VERSION)
+        self.answer = encode_step_response(result)
 
     @property
-    def packed_result(self) -> tuple[int, list[tuple]]:
+    def packed_result(self) -> tuple[int, list[PackedResult]]:
         """The result as plain values, without building result objects: (num_free_blocks, one
-        (status, message, block_table, num_cached_tokens, new_blocks, copies) per op; the
-        sequences in it lists or tuples)."""
-        return marshal.loads(self._packed)
+        (status, message, block_table, num_cached_tokens, new_blocks, copies) per op)."""
+        return decode_step_response(self.answer)
 
     @property
     def result(self) -> StepResult:
         num_free_blocks, results = self.packed_result
-        return StepResult([OpResult(OpStatus(status), message, list(table), cached, list(new),
-                                    list(copies))
+        return StepResult([OpResult(OpStatus(status), message, table, cached, new, copies)
                            for status, message, table, cached, new, copies in results],
                           num_free_blocks)
-
-
-# An OK result (most decode appends), packed once.
-_PACKED_OK: Final = (int(OpStatus.OK), "", (), 0, (), ())
 
 
 @dataclass(slots=True)
@@ -228,7 +212,9 @@ class Allocator:
         pool = executor.pool
         result = StepResult([self._apply(pool, op) for op in ops], pool.num_free_blocks)
         executor.last_step_id = step_id
-        executor.step_log[step_id] = RecordedStep(identity, result)
+        recorded = RecordedStep(identity, result)
+        result.encoded = recorded.answer
+        executor.step_log[step_id] = recorded
         if len(executor.step_log) > self.step_log_size:
             executor.step_log.popitem(last=False)
         return result

@@ -373,3 +373,76 @@ def encode_step_response(result: StepResult) -> bytes:
         out.append(0x18)
         _put_varint(out, result.num_free_blocks)
     return bytes(out)
+
+
+# -- an answer read back ---------------------------------------------------------------------------
+
+# A result as plain values: (status, message, block_table, num_cached_tokens, new_blocks, copies).
+PackedResult = tuple[int, str, list[int], int, list[int], list[tuple[int, int]]]
+
+
+def decode_step_response(data: bytes) -> tuple[int, list[PackedResult]]:
+    """(num_free_blocks, each result as plain values) of StepResponse bytes that
+    encode_step_response wrote: what the allocator keeps of a Step's answer for its retries
+    (core/allocator.py's RecordedStep). Not a reader of anyone else's bytes."""
+    reader = Reader(data, 0, len(data))
+    num_free_blocks = 0
+    results: list[PackedResult] = []
+    while reader.more():
+        key = reader.varint()
+        if key == 0x0A:
+            results.append(_result(reader.sub()))
+        elif key == 0x18:
+            num_free_blocks = reader.varint()
+        elif key == 0x10:
+            reader.varint()   # replayed: a recorded answer is never written with it
+        else:
+            raise ValueError(f"field key {key} in a recorded StepResponse")
+    return num_free_blocks, results
+
+
+def _result(reader: Reader) -> PackedResult:
+    status = 0
+    message = ""
+    block_table: list[int] = []
+    num_cached_tokens = 0
+    new_blocks: list[int] = []
+    copies: list[tuple[int, int]] = []
+    while reader.more():
+        key = reader.varint()
+        if key == 0x08:
+            status = reader.varint()
+        elif key == 0x12:
+            message = reader.text()
+        elif key == 0x1A:
+            block_table = _packed_ints(reader.sub())
+        elif key == 0x20:
+            num_cached_tokens = reader.varint()
+        elif key == 0x2A:
+            new_blocks = _packed_ints(reader.sub())
+        elif key == 0x32:
+            copies.append(_copy(reader.sub()))
+        else:
+            raise ValueError(f"field key {key} in a recorded OpResult")
+    return status, message, block_table, num_cached_tokens, new_blocks, copies
+
+
+def _packed_ints(reader: Reader) -> list[int]:
+    values: list[int] = []
+    while reader.more():
+        values.append(reader.varint())
+    return values
+
+
+def _copy(reader: Reader) -> tuple[int, int]:
+    src = 0
+    dst = 0
+    while reader.more():
+        key = reader.varint()
+        if key == 0x08:
+            src = reader.varint()
+        elif key == 0x10:
+            dst = reader.varint()
+        else:
+            raise ValueError(f"field key {key} in a recorded BlockCopy")
+    return src, dst

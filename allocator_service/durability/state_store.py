@@ -12,7 +12,7 @@ import marshal
 import threading
 from dataclasses import dataclass
 
-from allocator_service.core.allocator import MARSHAL_VERSION, Allocator
+from allocator_service.core.allocator import Allocator
 from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
 from allocator_service.durability.commands import Command
 
@@ -81,6 +81,12 @@ class StateStore:
 
     def close(self) -> None:
         """Releases connections and threads."""
+
+
+# The marshal format of the kept events. Version 2 writes repeated objects (a pool's executor
+# id) out again, where later versions look every object up in a table to write repeats as
+# references: 13 % faster for a Step's events, a little larger.
+MARSHAL_VERSION = 2
 
 
 class MemoryStore(StateStore):

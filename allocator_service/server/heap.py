@@ -22,7 +22,7 @@ So the process runs the collector on a clock instead (`CollectionSchedule`): eve
 collects the two younger generations together, which walks what was made in those 50 ms and is
 still alive (1-3 ms at 64 executors) and moves it to the old generation. What stays for
 seconds is kept where the collector does not look at all: recorded results and kept KV events
-are marshalled bytes (core/allocator.py, durability/state_store.py). The old generation, whose walk
+are bytes (core/allocator.py, durability/state_store.py). The old generation, whose walk
 is the long pause, is collected once every 10 minutes: the Step path makes no reference cycles
 (those collections find nothing to free), so this is a safety net, not a need. The same replay
 had Step p99 3.7 ms with this schedule.

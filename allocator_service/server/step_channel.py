@@ -179,7 +179,8 @@ class StepChannel:
     def _frame(outcome: Outcome, step_id: int, connection: Connection) -> bytes:
         """The reply frame of one Step."""
         if isinstance(outcome, StepResult):
-            return reply_frame(encode_step_response(outcome))
+            # The bytes the core kept for retries, when it kept them (not for a retry's answer).
+            return reply_frame(outcome.encoded or encode_step_response(outcome))
         if isinstance(outcome, PagedServeError):
             return error_frame(status_of(outcome), str(outcome))
         # A bug answers INTERNAL; the loop serves on.

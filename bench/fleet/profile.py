@@ -6,9 +6,9 @@ interleaved as they arrive at a server, and times each stage apart:
 
     decode     the Step channel's wire reader: the request's header and ops (step_wire.py)
     digest     the request bytes' hash (its retry identity)
-    core       Allocator.step: validation and every op
+    core       Allocator.step: validation, every op, and the answer's bytes (kept for retries)
     commit     the in-memory store taking the Step's KV events
-    encode     the wire writer: the answer's bytes
+    encode     the answer's bytes where the core kept none (a retry's)
 
 `--protobuf` times the path through protobuf objects instead (the Step RPC's, and the Step
 channel's before 2026-11-28): parse (StepRequest.FromString), convert (ops_from_proto), digest
@@ -136,7 +136,9 @@ def _through_the_wire_reader(core: Allocator, store: MemoryStore, body: bytes,
     laps.lap("core")
     store.commit(core, commands.step(body), core.events.take())
     laps.lap("commit")
-    answer = encode_step_response(result)
+    # As the Step channel writes it: the bytes the core kept for retries (its encoding is in
+    # "core" now), else encoded here.
+    answer = result.encoded or encode_step_response(result)
     laps.lap("encode")
     return answer, len(step.ops)
 

@@ -11,7 +11,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator_service.core.step_wire import decode_step_request, encode_step_response
+from allocator_service.core.step_wire import (decode_step_request, decode_step_response,
+                                             encode_step_response)
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_codec import op_to_proto, ops_from_proto, step_result_to_proto
 from pagedserve.protocol.block_ops import (AllocateOp, AppendOp, BlockOp, ForkOp, FreeOp,
@@ -142,3 +143,22 @@ def test_refused_bytes_keep_protobufs_message() -> None:
 def test_the_answer_is_protobufs_bytes(op_results, num_free_blocks, replayed):
     result = StepResult(op_results, num_free_blocks, replayed)
     assert encode_step_response(result) == step_result_to_proto(result).SerializeToString()
+
+
+# What the core answers: counts are never negative, and only a failure carries a message.
+kept_results = st.builds(
+    OpResult, st.sampled_from(list(OpStatus)), ids, block_ids, st.integers(0, 2**40),
+    block_ids, st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**40)), max_size=4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(kept_results, max_size=6), st.integers(0, 2**40))
+def test_a_kept_answer_reads_back_as_it_was(op_results, num_free_blocks):
+    """The allocator keeps each Step's answer as these bytes for its retries and snapshots."""
+    num_free, packed = decode_step_response(
+        encode_step_response(StepResult(op_results, num_free_blocks)))
+    assert num_free == num_free_blocks
+    assert packed == [(int(r.status), r.message if r.status else "", list(r.block_table),
+                       r.num_cached_tokens, list(r.new_blocks),
+                       [tuple(copy) for copy in r.copies])
+                      for r in op_results]
