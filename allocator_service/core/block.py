@@ -27,9 +27,14 @@ class Block:
     # The exact tokens the K/V was computed from (packed, block_hash.py); compared on every
     # hit, so a hash collision can never serve K/V of other tokens.
     tokens: PackedTokens | None = None
-    # Identity of the prefix ending in this block, and of the prefix before it.
+    # Identity of the prefix ending in this block, and of the prefix before it: the parent
+    # block's node id, or 0 for a chain's first block, whose parent is its salt's root
+    # (`root_salt`). Two fields rather than one `int | str`: compiled, an int field is stored
+    # unboxed, where a boxed node id was one more object per cached block, freed only when the
+    # block was evicted, from memory long gone cold. `parent_key` gives them as one value.
     node_id: int = 0
-    parent_key: PrefixKey = ""
+    parent_node: int = 0
+    root_salt: str = ""
 
     # Links of the free list (both None while the block is in use).
     prev_free: Block | None = field(default=None, repr=False)
@@ -44,9 +49,27 @@ class Block:
     def is_cached(self) -> bool:
         return self.block_hash is not None
 
+    @property
+    def parent_key(self) -> PrefixKey:
+        """The identity of the prefix before this block: its parent's node id, or the salt."""
+        return self.parent_node if self.parent_node else self.root_salt
+
+    def set_parent_key(self, parent_key: PrefixKey) -> None:
+        if isinstance(parent_key, int):
+            self.parent_node, self.root_salt = parent_key, ""
+        else:
+            self.parent_node, self.root_salt = 0, parent_key
+
+    def has_parent_key(self, parent_key: PrefixKey) -> bool:
+        """Whether the prefix before this block is `parent_key`."""
+        if isinstance(parent_key, int):
+            return self.parent_node == parent_key
+        return self.parent_node == 0 and self.root_salt == parent_key
+
     def forget_prefix(self) -> None:
         self.block_hash = None
         self.parent_hash = None
         self.tokens = None
         self.node_id = 0
-        self.parent_key = ""
+        self.parent_node = 0
+        self.root_salt = ""

@@ -86,7 +86,7 @@ class BlockPool:
                tokens: PackedTokens) -> Block | None:
         """The cached block holding exactly these tokens after exactly this prefix, if any."""
         block = self.hash_index.get(block_hash)
-        if block is None or block.parent_key != parent_key or block.tokens != tokens:
+        if block is None or not block.has_parent_key(parent_key) or block.tokens != tokens:
             return None
         return block
 
@@ -105,7 +105,7 @@ class BlockPool:
             if block.block_hash == block_hash:
                 return block.node_id  # the block is this entry already (a shared block)
         else:
-            if existing.parent_key == parent_key and existing.tokens == tokens:
+            if existing.has_parent_key(parent_key) and existing.tokens == tokens:
                 return existing.node_id
             if self._reachable(existing):
                 return self._new_node_id()
@@ -119,7 +119,7 @@ class BlockPool:
         block.block_hash = block_hash
         block.parent_hash = parent_hash
         block.tokens = tokens
-        block.parent_key = parent_key
+        block.set_parent_key(parent_key)
         block.node_id = self._new_node_id()
         if self.events is not None:
             self.events.stored(block)
@@ -139,10 +139,10 @@ class BlockPool:
     def _reachable(self, block: Block) -> bool:
         """Whether a lookup from a root can still arrive at this entry: every ancestor entry is
         still in the index under the identity the entry was chained onto."""
-        while isinstance(block.parent_key, int):
+        while block.parent_node:
             assert block.parent_hash is not None
             parent = self.hash_index.get(block.parent_hash)
-            if parent is None or parent.node_id != block.parent_key:
+            if parent is None or parent.node_id != block.parent_node:
                 return False
             block = parent
         return True

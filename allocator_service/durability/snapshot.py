@@ -162,7 +162,8 @@ def _restore_pool(data: Json, core: Allocator, tokens_of: TokenReader) -> Execut
         block.ref_count = item[1]
         if len(item) > 2:
             block.block_hash, block.parent_hash = bytes.fromhex(item[2]), bytes.fromhex(item[3])
-            block.tokens, block.node_id, block.parent_key = tokens_of(item[4]), item[5], item[6]
+            block.tokens, block.node_id = tokens_of(item[4]), item[5]
+            block.set_parent_key(item[6])
             blocks.hash_index[block.block_hash] = block
     # The constructor linked every block; relink only the free ones, in their saved order.
     for block in by_id:
