@@ -9,9 +9,16 @@ from allocator_service.core.block_hash import BlockHash, PackedTokens, unpack_to
 BlockId = NewType("BlockId", int)
 
 # Identity of a cached prefix: the salt string for "no block yet" (the root of a tenant's chain),
-# then a node id that is unique for the allocator's lifetime. Comparing identities instead of
-# hashes makes a prefix hit exact even when two different prefixes collide on their hash.
+# then a node id that is unique for the allocator's lifetime (from 1). Comparing identities
+# instead of hashes makes a prefix hit exact even when two different prefixes collide on their
+# hash. The core keeps one as a node id (an int, unboxed when compiled) with 0 for the root,
+# beside the salt it already has; PrefixKey is the one-value form its readers see.
 PrefixKey = int | str
+
+
+def split_prefix_key(key: PrefixKey) -> int:
+    """The node id of a prefix key, 0 for a salt's root (snapshots store the one-value form)."""
+    return key if isinstance(key, int) else 0
 
 
 @dataclass(slots=True, eq=False)
@@ -54,17 +61,21 @@ class Block:
         """The identity of the prefix before this block: its parent's node id, or the salt."""
         return self.parent_node if self.parent_node else self.root_salt
 
-    def set_parent_key(self, parent_key: PrefixKey) -> None:
-        if isinstance(parent_key, int):
-            self.parent_node, self.root_salt = parent_key, ""
-        else:
-            self.parent_node, self.root_salt = 0, parent_key
+    def set_parent(self, parent_node: int, salt: str) -> None:
+        """The prefix before this block: node `parent_node`, or (0) the root of `salt`."""
+        self.parent_node = parent_node
+        self.root_salt = "" if parent_node else salt
 
-    def has_parent_key(self, parent_key: PrefixKey) -> bool:
-        """Whether the prefix before this block is `parent_key`."""
+    def set_parent_key(self, parent_key: PrefixKey) -> None:
+        """set_parent from the one-value form (as snapshots keep it)."""
         if isinstance(parent_key, int):
-            return self.parent_node == parent_key
-        return self.parent_node == 0 and self.root_salt == parent_key
+            self.set_parent(parent_key, "")
+        else:
+            self.set_parent(0, parent_key)
+
+    def has_parent(self, parent_node: int, salt: str) -> bool:
+        """Whether the prefix before this block is node `parent_node`, or (0) salt's root."""
+        return self.parent_node == parent_node and (parent_node != 0 or self.root_salt == salt)
 
     def forget_prefix(self) -> None:
         self.block_hash = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from allocator_service.core.block import Block, BlockId, PrefixKey
+from allocator_service.core.block import Block, BlockId
 from allocator_service.core.block_hash import BlockHash, HashFn, PackedTokens, hash_packed
 from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.kv_events import PoolEvents
@@ -82,16 +82,17 @@ class BlockPool:
                 else:
                     self.free_queue.push_head(block)
 
-    def lookup(self, block_hash: BlockHash, parent_key: PrefixKey,
+    def lookup(self, block_hash: BlockHash, parent_node: int, salt: str,
                tokens: PackedTokens) -> Block | None:
-        """The cached block holding exactly these tokens after exactly this prefix, if any."""
+        """The cached block holding exactly these tokens after exactly this prefix (node
+        `parent_node`, or 0: the root of `salt`), if any."""
         block = self.hash_index.get(block_hash)
-        if block is None or not block.has_parent_key(parent_key) or block.tokens != tokens:
+        if block is None or not block.has_parent(parent_node, salt) or block.tokens != tokens:
             return None
         return block
 
     def register(self, block: Block, block_hash: BlockHash, parent_hash: BlockHash,
-                 parent_key: PrefixKey, tokens: PackedTokens) -> int:
+                 parent_node: int, salt: str, tokens: PackedTokens) -> int:
         """Offers a full, computed block to the prefix cache; returns its prefix identity.
 
         If the same prefix is cached in another block already, that entry stays and its
@@ -105,7 +106,7 @@ class BlockPool:
             if block.block_hash == block_hash:
                 return block.node_id  # the block is this entry already (a shared block)
         else:
-            if existing.has_parent_key(parent_key) and existing.tokens == tokens:
+            if existing.has_parent(parent_node, salt) and existing.tokens == tokens:
                 return existing.node_id
             if self._reachable(existing):
                 return self._new_node_id()
@@ -119,7 +120,7 @@ class BlockPool:
         block.block_hash = block_hash
         block.parent_hash = parent_hash
         block.tokens = tokens
-        block.set_parent_key(parent_key)
+        block.set_parent(parent_node, salt)
         block.node_id = self._new_node_id()
         if self.events is not None:
             self.events.stored(block)

@@ -10,7 +10,7 @@ from array import array
 from collections.abc import Sequence as Seq
 from typing import Final
 
-from allocator_service.core.block import Block, PrefixKey
+from allocator_service.core.block import Block
 from allocator_service.core.block_hash import (BlockHash, HashFn, PackedTokens, hash_packed,
                                                packed_slice, root_hash)
 from allocator_service.core.block_pool import BlockPool
@@ -102,7 +102,7 @@ class ExecutorPool:
     # -- prefix lookup ---------------------------------------------------------------------
 
     def _match_prefix(self, token_ids: array[int], cache_salt: str
-                      ) -> tuple[list[Block], BlockHash, PrefixKey]:
+                      ) -> tuple[list[Block], BlockHash, int]:
         """Cached blocks that hold the longest prefix of the prompt, and the chain after them.
 
         The block holding the prompt's last token is never taken from the cache: the executor
@@ -110,18 +110,18 @@ class ExecutorPool:
         """
         size = self.block_size
         chain_hash_ = self.root_hash(cache_salt)
-        chain_key: PrefixKey = cache_salt
+        chain_node = 0   # the salt's root
         hits: list[Block] = []
         blocks = self.blocks
         for start in range(0, (len(token_ids) - 1) // size * size, size):
             block_tokens = packed_slice(token_ids, start, start + size)
             block_hash = blocks.hash(chain_hash_, block_tokens)
-            block = blocks.lookup(block_hash, chain_key, block_tokens)
+            block = blocks.lookup(block_hash, chain_node, cache_salt, block_tokens)
             if block is None:
                 break
             hits.append(block)
-            chain_hash_, chain_key = block_hash, block.node_id
-        return hits, chain_hash_, chain_key
+            chain_hash_, chain_node = block_hash, block.node_id
+        return hits, chain_hash_, chain_node
 
     def root_hash(self, cache_salt: str) -> BlockHash:
         """The hash a chain of this salt starts from (the parent hash of its first block)."""
@@ -163,7 +163,7 @@ class ExecutorPool:
         if seq_id in self.sequences:
             raise SequenceExists(seq_id)
         tokens = array("i", token_ids)
-        hits, chain_hash_, chain_key = self._match_prefix(tokens, cache_salt)
+        hits, chain_hash_, chain_node = self._match_prefix(tokens, cache_salt)
         new, consumed = self._allocation_cost(token_ids, lookahead_slots, hits)
         if consumed > self.num_free_blocks:
             return None
@@ -176,7 +176,7 @@ class ExecutorPool:
             seq_id=seq_id, cache_salt=cache_salt, block_table=table,
             num_tokens=len(token_ids), unhashed_token_ids=tokens, num_cached_tokens=num_cached,
             num_computed_tokens=num_cached, num_hashed_blocks=len(hits), chain_hash=chain_hash_,
-            chain_key=chain_key)
+            chain_node=chain_node)
         self.prefix_query_tokens += len(token_ids)
         self.prefix_hit_tokens += num_cached
         return Allocation([block.block_id for block in table], num_cached)
@@ -261,16 +261,16 @@ class ExecutorPool:
         unhashed = seq.unhashed_token_ids
         packed = packed_slice(unhashed, 0, (end - first) * size)
         width = size * TOKEN_BYTES
-        chain_hash_, chain_key = seq.chain_hash, seq.chain_key
+        chain_hash_, chain_node, salt = seq.chain_hash, seq.chain_node, seq.cache_salt
         for index in range(first, end):
             offset = (index - first) * width
             # A slice of the whole of `packed` (one block) is `packed` itself, not a copy.
             block_tokens = PackedTokens(packed[offset:offset + width])
             block_hash = blocks.hash(chain_hash_, block_tokens)
-            chain_key = blocks.register(table[index], block_hash, chain_hash_, chain_key,
-                                        block_tokens)
+            chain_node = blocks.register(table[index], block_hash, chain_hash_, chain_node,
+                                         salt, block_tokens)
             chain_hash_ = block_hash
-        seq.chain_hash, seq.chain_key, seq.num_hashed_blocks = chain_hash_, chain_key, end
+        seq.chain_hash, seq.chain_node, seq.num_hashed_blocks = chain_hash_, chain_node, end
         del unhashed[:(end - first) * size]
 
     # -- fork and free -----------------------------------------------------------------------
@@ -294,7 +294,7 @@ class ExecutorPool:
             num_cached_tokens=parent.num_cached_tokens,
             num_computed_tokens=parent.num_computed_tokens,
             num_hashed_blocks=parent.num_hashed_blocks, chain_hash=parent.chain_hash,
-            chain_key=parent.chain_key)
+            chain_node=parent.chain_node)
         return [block.block_id for block in shared]
 
     def free(self, seq_id: SeqId) -> None:

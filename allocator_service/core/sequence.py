@@ -15,12 +15,12 @@ class Sequence:
 
     __slots__ = ("seq_id", "cache_salt", "block_table", "num_tokens", "unhashed_token_ids",
                  "num_cached_tokens", "num_computed_tokens", "num_hashed_blocks", "chain_hash",
-                 "chain_key")
+                 "chain_node")
 
     def __init__(self, seq_id: SeqId, cache_salt: str, block_table: list[Block],
                  num_tokens: int, unhashed_token_ids: array[int], num_cached_tokens: int,
                  num_computed_tokens: int, num_hashed_blocks: int, chain_hash: BlockHash,
-                 chain_key: PrefixKey) -> None:
+                 chain_node: int) -> None:
         self.seq_id = seq_id
         self.cache_salt = cache_salt
         # Physical blocks in logical order; may run past the last token (slots reserved ahead).
@@ -43,7 +43,13 @@ class Sequence:
         # Leading full blocks already offered to the prefix cache, and the chain state after.
         self.num_hashed_blocks = num_hashed_blocks
         self.chain_hash = chain_hash
-        self.chain_key = chain_key
+        # The node id of the last hashed block's prefix, 0 before the first (the salt's root).
+        self.chain_node = chain_node
+
+    @property
+    def chain_key(self) -> PrefixKey:
+        """The chain's prefix identity in its one-value form: a node id, or the salt."""
+        return self.chain_node if self.chain_node else self.cache_salt
 
     def __repr__(self) -> str:
         return (f"Sequence(seq_id={self.seq_id!r}, num_tokens={self.num_tokens}, "

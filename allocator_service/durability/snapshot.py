@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
-from allocator_service.core.block import Block, BlockId
+from allocator_service.core.block import Block, BlockId, split_prefix_key
 from allocator_service.core.block_hash import pack_tokens
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.free_block_queue import FreeBlockQueue
@@ -177,7 +177,8 @@ def _restore_pool(data: Json, core: Allocator, tokens_of: TokenReader) -> Execut
             num_cached_tokens=item["num_cached_tokens"],
             num_computed_tokens=item["num_computed_tokens"],
             num_hashed_blocks=item["num_hashed_blocks"],
-            chain_hash=bytes.fromhex(item["chain_hash"]), chain_key=item["chain_key"])
+            chain_hash=bytes.fromhex(item["chain_hash"]),
+            chain_node=split_prefix_key(item["chain_key"]))
     return pool
 
 
