@@ -265,7 +265,7 @@ def _free(reader: Reader) -> FreeOp:
 # is the cheapest buffer to grow (measured against joined bytes, which cost more than protobuf).
 # A nested message or packed field is preceded by its length, which is computed first
 # (`_varint_size`) rather than by writing the body into a list of its own and copying it over:
-# those lists, one or two per result, were a third of writing an answer.
+# those lists, one or two per result, were about a tenth of writing an answer.
 
 def _varint_size(value: int) -> int:
     """How many bytes _put_varint writes for `value`."""
