@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from allocator_service.core.allocator import Allocator
 from allocator_service.core.step_wire import DecodedStep
 from allocator_service.durability import commands
 from allocator_service.durability.state import AllocatorState
@@ -67,17 +68,23 @@ def apply_alone(state: AllocatorState, step: DecodedStep) -> Outcome:
     allocator applies thousands a second)."""
     try:
         with state.writing() as core:
-            try:
-                result = core.step(step.executor_id, step.epoch, step.step_id, step.ops,
-                                   commands.step_digest(step.body))
-            except Exception as error:  # noqa: BLE001 - this Step's own outcome
-                state.drop_stray_events()
-                return error
-            if not result.replayed:
+            outcome = _step(state, core, step)
+            if isinstance(outcome, StepResult) and not outcome.replayed:
                 state.commit(commands.step(step.body))
-            return result
+            return outcome
     except PagedServeError as refused:  # the store refused the change, or takes none now
         return refused
+
+
+def _step(state: AllocatorState, core: Allocator, step: DecodedStep) -> Outcome:
+    """The Step applied to the core (inside `state.writing()`), or why it was not: a failed
+    Step is answered alone, and the events it emitted before it raised are dropped."""
+    try:
+        return core.step(step.executor_id, step.epoch, step.step_id, step.ops,
+                         commands.step_digest(step.body))
+    except Exception as error:  # noqa: BLE001 - this Step's own outcome
+        state.drop_stray_events()
+        return error
 
 
 def apply_together(state: AllocatorState, steps: Sequence[DecodedStep | Exception]
@@ -94,16 +101,13 @@ def apply_together(state: AllocatorState, steps: Sequence[DecodedStep | Exceptio
             for index, step in enumerate(steps):
                 if isinstance(step, Exception):
                     continue
-                try:
-                    result = core.step(step.executor_id, step.epoch, step.step_id, step.ops,
-                                       commands.step_digest(step.body))
-                except Exception as error:  # noqa: BLE001 - answered to its own Step alone
-                    state.drop_stray_events()
-                    outcomes[index] = error
+                outcome = _step(state, core, step)
+                if not isinstance(outcome, StepResult):
+                    outcomes[index] = outcome
                     continue
-                if not result.replayed:
+                if not outcome.replayed:
                     changes.append(state.change(commands.step(step.body)))
-                results.append((index, result))
+                results.append((index, outcome))
             if changes:
                 state.commit_many(changes)
     except PagedServeError as refused:  # the store refused the batch, or did not take it
