@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from allocator_service.core.kv_events import (PACKED_REMOVED, PACKED_STORED, KvEventType,
-                                              PackedEvent)
+                                              PackedEvents, records)
 
 # The `type` member of each kind of event (encode_events writes them into its text).
 EVENT_TYPE_TEXT: dict[KvEventType, str] = {KvEventType.BLOCK_STORED: "BlockStored",
@@ -18,12 +18,12 @@ EVENT_TYPE_TEXT: dict[KvEventType, str] = {KvEventType.BLOCK_STORED: "BlockStore
                                            KvEventType.POOL_RESET: "PoolReset"}
 
 
-def encode_events(events: list[PackedEvent]) -> bytes:
+def encode_events(events: PackedEvents) -> bytes:
     """The events as one JSON array of objects, in order. Written as text rather than through
     json.dumps of a dict per event, and the tokens as hex rather than an array of numbers."""
     names: dict[bytes, str] = {}  # executor id -> its JSON string (a Step's events share one)
     parts: list[str] = []
-    for event in events:
+    for event in records(events):
         type_: int = event[1]
         packed_executor_id: bytes = event[2]
         executor = names.get(packed_executor_id)

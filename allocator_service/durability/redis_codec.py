@@ -23,7 +23,7 @@ import redis
 
 from allocator_service.core.block_hash import PackedTokens, unpack_tokens
 from allocator_service.core.event_json import EVENT_TYPE_TEXT, encode_events
-from allocator_service.core.kv_events import KvEvent, KvEventType, PackedEvent
+from allocator_service.core.kv_events import KvEvent, KvEventType, PackedEvents
 from allocator_service.durability.commands import Command
 
 DEFAULT_NAMESPACE = "pagedserve:allocator"
@@ -108,12 +108,12 @@ def decode_snapshot(blob: bytes) -> dict[str, Any]:
 EVENT_TYPES_BY_TEXT = {name: type_ for type_, name in EVENT_TYPE_TEXT.items()}
 
 
-def events_xadd(keys: Keys, events: list[PackedEvent], trim_below: int | None
+def events_xadd(keys: Keys, events: PackedEvents, trim_below: int | None
                 ) -> tuple[str | bytes | int, ...]:
     """The XADD (its arguments) of the entry that holds `events` (consecutive, at least one),
     trimming the entries before entry `trim_below` (approximately: Redis trims whole nodes)."""
     trim = ("MINID", "~", entry_id(trim_below)) if trim_below is not None else ()
-    return ("XADD", keys.events, *trim, entry_id(events[0][0]), b"count", len(events),
+    return ("XADD", keys.events, *trim, entry_id(events.first_seq), b"count", events.count,
             b"events", encode_events(events))
 
 

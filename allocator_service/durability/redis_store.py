@@ -39,7 +39,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.kv_events import KvEvent, PackedEvent
+from allocator_service.core.kv_events import KvEvent, PackedEvents
 from allocator_service.durability import commands, redis_codec, snapshot
 from allocator_service.durability.commands import Command
 from allocator_service.durability.snapshot_writer import (SnapshotTarget, SnapshotWriter,
@@ -170,7 +170,7 @@ class RedisStore(StateStore):
                 f"({self._down_reason}, {time.monotonic() - self._down_since:.0f}s ago); "
                 "changes are refused until it is back, retry later")
 
-    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
+    def commit(self, core: Allocator, command: Command, events: PackedEvents) -> None:
         self.commit_many(core, [Change(command, events)])
 
     def commit_many(self, core: Allocator, changes: list[Change]) -> None:
@@ -205,7 +205,7 @@ class RedisStore(StateStore):
         transaction: list[tuple[Any, ...]] = [("MULTI",)]
         for seq, change in enumerate(changes, start=first_seq):
             transaction.append(redis_codec.journal_xadd(self.keys, seq, change.command))
-            if change.events:
+            if change.events.count:
                 transaction.append(redis_codec.events_xadd(self.keys, change.events,
                                                            self._trim_below(change.events)))
         transaction.append(("EXEC",))
@@ -226,14 +226,14 @@ class RedisStore(StateStore):
             if isinstance(reply, Exception):
                 raise reply
 
-    def _trim_below(self, events: list[PackedEvent]) -> int | None:
+    def _trim_below(self, events: PackedEvents) -> int | None:
         """Where the events stream may be trimmed once the entry of `events` is added: below
         the entry that holds the oldest of the newest --events-max events. An entry's id is
         its first event's number, so that entry is found among the ids this process wrote;
         None (no trim) until it has written that far back."""
         entries = self._entry_ids
-        entries.append(events[0][0])
-        oldest_kept = events[-1][0] - self.events_max + 1
+        entries.append(events.first_seq)
+        oldest_kept = events.last_seq - self.events_max + 1
         while len(entries) > 1 and entries[1] <= oldest_kept:
             entries.popleft()
         return entries[0] if entries[0] <= oldest_kept else None
@@ -307,7 +307,7 @@ class RedisStore(StateStore):
         add_snapshot(pipe, self.keys, self.applied_seq,
                      redis_codec.encode_snapshot(snapshot.capture(core)))
         events = core.events.take()
-        if events:
+        if events.count:
             pipe.execute_command(*redis_codec.events_xadd(self.keys, events,
                                                           self._trim_below(events)))
         pipe.execute()

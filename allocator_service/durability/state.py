@@ -56,9 +56,9 @@ class AllocatorState:
 
     def drop_stray_events(self) -> None:
         """A change that raised halfway must not leave its events for the next commit."""
-        if self.core.events.pending:
+        if self.core.events.num_pending:
             log.error("a change raised after emitting %d KV events; they are dropped",
-                      len(self.core.events.pending))
+                      self.core.events.num_pending)
             self.core.events.take()
 
     def commit(self, command: Command) -> None:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import bisect
 import collections
-import marshal
 import threading
 from dataclasses import dataclass
 
 from allocator_service.core.allocator import Allocator
-from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
+from allocator_service.core.kv_events import KvEvent, PackedEvents, records, unpack_record
 from allocator_service.durability.commands import Command
 
 
@@ -21,7 +20,7 @@ from allocator_service.durability.commands import Command
 class Change:
     """One applied command and the KV events it caused, as a store journals them."""
     command: Command
-    events: list[PackedEvent]
+    events: PackedEvents
 
 
 class StoreUnreachable(Exception):
@@ -48,7 +47,7 @@ class StateStore:
         """Fills an empty core with the stored state (nothing to load in memory). Raises
         StoreUnreachable while the store does not answer; anything else is fatal."""
 
-    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
+    def commit(self, core: Allocator, command: Command, events: PackedEvents) -> None:
         """Makes one applied command durable, with its events, before its reply goes out.
         Raises Unavailable when it cannot; the store then refuses commits until `reconcile`."""
         raise NotImplementedError
@@ -83,12 +82,6 @@ class StateStore:
         """Releases connections and threads."""
 
 
-# The marshal format of the kept events. Version 2 writes repeated objects (a pool's executor
-# id) out again, where later versions look every object up in a table to write repeats as
-# references: 13 % faster for a Step's events, a little larger.
-MARSHAL_VERSION = 2
-
-
 class MemoryStore(StateStore):
     """No durability: state lives and dies with the process. Keeps the last events for readers."""
 
@@ -97,11 +90,11 @@ class MemoryStore(StateStore):
 
     def __init__(self, max_events: int = 100_000) -> None:
         self.max_events = max_events
-        # One entry per commit, oldest first: (seq of its first event, number of its events, the
-        # events as the core packs them, marshalled). Bytes, not tuples: a hundred thousand kept
+        # One entry per commit, oldest first: its events as the core packed them (one bytes
+        # object, kv_events.py), unpacked only for a reader. Not tuples: a hundred thousand kept
         # tuples would each be walked by the cyclic collector before it learns to skip them,
         # several per cent of a busy allocator's CPU. Unpacked only for a reader.
-        self._batches: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self._batches: collections.deque[PackedEvents] = collections.deque()
         # Events at the front of the oldest batch that are already out of the ring.
         self._dropped = 0
         self._num_events = 0
@@ -111,13 +104,12 @@ class MemoryStore(StateStore):
         # Condition's notify_all is several Python calls even with nobody to wake).
         self._waiting = 0
 
-    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
-        if events:
+    def commit(self, core: Allocator, command: Command, events: PackedEvents) -> None:
+        if events.count:
             with self._new_events:
-                self._batches.append((events[0][0], len(events),
-                                      marshal.dumps(events, MARSHAL_VERSION)))
-                self._num_events += len(events)
-                self._last_seq = events[-1][0]
+                self._batches.append(events)
+                self._num_events += events.count
+                self._last_seq = events.last_seq
                 self._drop_oldest()
                 if self._waiting:
                     self._new_events.notify_all()
@@ -125,7 +117,7 @@ class MemoryStore(StateStore):
     def _drop_oldest(self) -> None:
         while self._num_events > self.max_events:
             excess = self._num_events - self.max_events
-            oldest_left = self._batches[0][1] - self._dropped
+            oldest_left = self._batches[0].count - self._dropped
             if excess >= oldest_left:
                 self._batches.popleft()
                 self._dropped = 0
@@ -146,13 +138,14 @@ class MemoryStore(StateStore):
                 return []
             # Numbers can skip (a change that raised drops its events), so search, not subtract:
             # from the last batch starting at or before from_seq.
-            first = max(0, bisect.bisect_right(self._batches, from_seq, key=lambda b: b[0]) - 1)
+            first = max(0, bisect.bisect_right(self._batches, from_seq,
+                                               key=lambda batch: batch.first_seq) - 1)
             found: list[KvEvent] = []
             for index in range(first, len(self._batches)):
-                packed = marshal.loads(self._batches[index][2])
+                packed = records(self._batches[index])
                 for event in packed[self._dropped:] if index == 0 else packed:
                     if event[0] >= from_seq:
-                        found.append(unpack(event))
+                        found.append(unpack_record(event))
                         if len(found) == limit:
                             return found
             return found

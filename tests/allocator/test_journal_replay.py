@@ -14,7 +14,7 @@ from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
 from allocator_service.core.errors import (ExecutorIndexTaken, StaleEpoch, StepIdReused,
                                            UnknownExecutor)
-from allocator_service.core.kv_events import KvEvent, PackedEvent, unpack
+from allocator_service.core.kv_events import KvEvent, PackedEvents, unpack
 from allocator_service.durability import commands, snapshot
 from allocator_service.durability.commands import Command, CorruptJournal
 from allocator_service.durability.state import AllocatorState
@@ -45,8 +45,8 @@ class RecordingStore(MemoryStore):
         super().__init__()
         self.commits: list[tuple[Command, list[KvEvent]]] = []
 
-    def commit(self, core: Allocator, command: Command, events: list[PackedEvent]) -> None:
-        self.commits.append((command, [unpack(event) for event in events]))
+    def commit(self, core: Allocator, command: Command, events: PackedEvents) -> None:
+        self.commits.append((command, unpack(events)))
         super().commit(core, command, events)
 
     @property
@@ -344,7 +344,7 @@ def test_every_change_commits_exactly_one_command_with_its_events():
     # Nothing else is due: no empty reclaim is committed.
     assert server.state.reclaim_expired() == []
     assert len(store.commits) == 4
-    assert server.core.events.pending == []
+    assert server.core.events.num_pending == 0
 
 
 def test_reads_and_heartbeats_commit_nothing():
@@ -364,7 +364,7 @@ def test_reads_and_heartbeats_commit_nothing():
     server.admin.DumpBlocks(pb.DumpBlocksRequest(executor_id="e"), None)
     assert list(server.admin.Audit(pb.AuditRequest(), None).violations) == []
     assert (len(server.store.commits), core_state(server.core)) == before
-    assert server.core.events.pending == []
+    assert server.core.events.num_pending == 0
 
 
 def test_a_retried_step_commits_nothing():
@@ -375,7 +375,7 @@ def test_a_retried_step_commits_nothing():
     again = server.step("e", epoch, 1, AllocateOp("a", tuple(A10)), AppendOp("a", (), 0, 10))
     assert again.replayed and list(again.results) == list(first.results)
     assert len(server.store.commits) == committed
-    assert server.core.events.pending == []
+    assert server.core.events.num_pending == 0
 
 
 @pytest.mark.parametrize("ops, error", [
@@ -394,7 +394,7 @@ def test_a_malformed_step_commits_nothing_and_leaves_no_events(ops, error):
     with pytest.raises(error):
         server.step("e", epoch, 2, *ops)
     assert (len(server.store.commits), core_state(server.core)) == before
-    assert server.core.events.pending == []
+    assert server.core.events.num_pending == 0
 
 
 def test_steps_refused_before_applying_commit_nothing():
@@ -415,7 +415,7 @@ def test_steps_refused_before_applying_commit_nothing():
     with pytest.raises(UnknownExecutor):
         server.admin.ResetPrefixCache(pb.ResetPrefixCacheRequest(executor_id="ghost"), None)
     assert len(server.store.commits) == committed
-    assert server.core.events.pending == []
+    assert server.core.events.num_pending == 0
     assert server.core.executors["e"].last_step_id == 0
 
 
@@ -426,7 +426,7 @@ def test_a_change_that_raises_halfway_leaves_no_events_for_the_next_commit():
         with server.state.writing() as core:
             core.reset_prefix_cache("e")  # emits a PoolReset
             raise RuntimeError("failed before commit")
-    assert server.core.events.pending == []
+    assert server.core.events.num_pending == 0
     epoch = server.core.executors["e"].epoch
     server.step("e", epoch, 1, AllocateOp("a", (1,)))
     assert server.store.commits[-1][1] == []

@@ -12,12 +12,15 @@ from __future__ import annotations
 import threading
 import time
 
-from hypothesis import settings
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import invariant
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.block_hash import chain_hash, pack_tokens, root_hash
-from allocator_service.core.kv_events import KvEvent, KvEventType, PoolResetReason, pack
+from allocator_service.core.kv_events import (NO_EVENTS, KvEvent, KvEventType, PackedEvents,
+                                              PoolResetReason, pack, records, unpack)
 from allocator_service.durability import commands
 from allocator_service.durability.commands import Command
 from allocator_service.durability.state import AllocatorState
@@ -205,7 +208,7 @@ def test_a_lapsed_lease_resets_the_pool_as_gone():
     # A reclaim naming an epoch the pool has left behind changes (and reports) nothing.
     assert core.reclaim([("f", 1)]) == []
     assert core.events.drain() == []
-    assert core.events.pending == [] and core.events.last_seq == 5
+    assert core.events.num_pending == 0 and core.events.last_seq == 5
 
 
 def test_an_unreachable_entry_replaced_on_a_collision_is_removed_then_stored():
@@ -299,11 +302,64 @@ TestEventStreamRebuildsEveryIndexWithCollidingHash = MirroredWeakHashMachine.Tes
 TestEventStreamRebuildsEveryIndexWithCollidingHash.settings = MIRROR_SETTINGS
 
 
+# -- the packed form ------------------------------------------------------------------------------
+
+executor_ids = st.sampled_from(["e", "gpu-0", "", 'tricky "id"\n', "é" * 40, "x" * 300])
+hashes = st.binary(min_size=0, max_size=32)
+one_event = st.one_of(
+    st.builds(lambda executor, block, h, parent, tokens: (STORED, executor, block, h, parent,
+                                                          tuple(tokens)),
+              executor_ids, st.integers(0, 2**31 - 1), hashes, hashes,
+              st.lists(st.integers(0, 2**31 - 1), max_size=40)),
+    st.builds(lambda executor, block, h: (REMOVED, executor, block, h),
+              executor_ids, st.integers(0, 2**31 - 1), hashes),
+    st.builds(lambda executor, reason, num_blocks, block_size: (RESET, executor, reason,
+                                                                num_blocks, block_size),
+              executor_ids, st.sampled_from(list(PoolResetReason)), st.integers(0, 2**40),
+              st.integers(0, 2**20)))
+
+
+def numbered(first: int, drawn: list[tuple]) -> list[KvEvent]:
+    events = []
+    for seq, (type_, executor, *fields) in enumerate(drawn, start=first):
+        if type_ == STORED:
+            events.append(stored(seq, *fields, executor_id=executor))
+        elif type_ == REMOVED:
+            events.append(removed(seq, *fields, executor_id=executor))
+        else:
+            events.append(reset(seq, str(fields[0]), *fields[1:], executor_id=executor))
+    return events
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 2**40), st.lists(one_event, max_size=30))
+def test_packed_events_read_back_as_written(first: int, drawn: list[tuple]):
+    events = numbered(first, drawn)
+    packed = pack(events)
+    assert len(packed) == len(events)
+    assert unpack(packed) == events
+    assert [record[0] for record in records(packed)] == [event.seq for event in events]
+
+
+def test_the_core_packs_what_it_numbers_and_readers_refuse_damaged_batches():
+    core = new_core()
+    assert [event.reason for event in unpack(core.events.take())] == ["registered"]
+    step(core, "e", AllocateOp("a", tuple(range(9))), AppendOp("a", (), 0, 9))
+    packed = core.events.take()
+    assert (packed.first_seq, packed.count) == (2, 2)
+    assert [event.type for event in unpack(packed)] == [STORED, STORED]
+    assert core.events.take() == NO_EVENTS and not core.events.take()
+    with pytest.raises(ValueError, match="3 were counted"):
+        records(PackedEvents(packed.first_seq, 3, packed.data))
+    with pytest.raises(ValueError, match="unknown record type 9"):
+        records(PackedEvents(1, 1, bytes([9])))
+
+
 # -- MemoryStore.read_events -----------------------------------------------------------------------
 
 def commit_events(store: MemoryStore, first: int, last: int) -> None:
     store.commit(Allocator(), Command("step", b""),
-                 [pack(KvEvent(seq, STORED, "e", block_id=seq)) for seq in range(first, last + 1)])
+                 pack([KvEvent(seq, STORED, "e", block_id=seq) for seq in range(first, last + 1)]))
 
 
 def seqs(events: list[KvEvent]) -> list[int]:
@@ -315,7 +371,7 @@ def test_read_events_from_seq_and_limit():
     assert store.read_events(0, 10, 0) == []
     commit_events(store, 1, 3)
     commit_events(store, 4, 4)
-    store.commit(Allocator(), Command("reset", b""), [])  # a change without events
+    store.commit(Allocator(), Command("reset", b""), NO_EVENTS)  # a change without events
     commit_events(store, 5, 7)
     assert seqs(store.read_events(0, 100, 0)) == [1, 2, 3, 4, 5, 6, 7]
     assert seqs(store.read_events(1, 100, 0)) == [1, 2, 3, 4, 5, 6, 7]

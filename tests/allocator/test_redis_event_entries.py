@@ -22,7 +22,7 @@ EVENTS = [
 
 def entry(events: list[KvEvent]) -> tuple[bytes, dict[bytes, bytes]]:
     """The entry as Redis hands it back: its id and its fields."""
-    command = redis_codec.events_xadd(KEYS, [pack(event) for event in events], None)
+    command = redis_codec.events_xadd(KEYS, pack(events), None)
     assert command[:2] == ("XADD", KEYS.events)
     *_, entry_id, count_name, count, events_name, body = command
     assert (count_name, events_name) == (b"count", b"events")
@@ -63,6 +63,6 @@ def test_an_entry_written_before_the_tokens_were_packed_still_reads():
 
 
 def test_the_entry_trims_below_the_entry_it_is_given():
-    events = [pack(event) for event in EVENTS[1:]]
+    events = pack(EVENTS[1:])
     assert redis_codec.events_xadd(KEYS, events, 5)[2:6] == ("MINID", "~", "5-0", "8-0")
     assert redis_codec.events_xadd(KEYS, events, None)[2:4] == ("8-0", b"count")

@@ -311,7 +311,7 @@ def test_restored_core_has_fresh_leases_and_reports_no_events_for_loading():
     core = busy_core()
     again = Allocator(lease_ttl_s=7, clock=lambda: clock[0])
     snapshot.restore(again, snapshot.capture(core))
-    assert again.events.pending == []
+    assert again.events.num_pending == 0
     assert {eid: ex.lease_expires_at for eid, ex in again.executors.items()} == {
         "e": 107.0, "f": 107.0}
     clock[0] = 107.0

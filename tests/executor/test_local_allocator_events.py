@@ -21,4 +21,4 @@ def test_an_in_process_engine_keeps_no_kv_events(checkpoint):
         engine.add_request(f"e{index}", prompt, SamplingParams(max_tokens=3))
     while engine.has_work():
         engine.step()
-    assert engine.allocator.core.events.pending == []
+    assert engine.allocator.core.events.num_pending == 0

@@ -11,6 +11,7 @@ from hashlib import sha256
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.core.audit import audit_pool
+from allocator_service.core.kv_events import records
 from allocator_service.durability import snapshot
 from pagedserve.protocol.block_ops import AllocateOp, AppendOp, ForkOp, FreeOp
 
@@ -62,7 +63,7 @@ def trace(seed: int, num_steps: int = 400) -> dict[str, object]:
             again = core.step(eid, executors[eid], step_id, ops, digest)
             answers.append([again.replayed, again.num_free_blocks])
     return {"answers": answers,
-            "events": [list(event) for event in core.events.take()],
+            "events": [list(event) for event in records(core.events.take())],
             "snapshot": snapshot.capture(core),
             "audit": {eid: audit_pool(eid, core.executors[eid].pool) for eid in executors}}
 
