@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from allocator_service.core.block import Block, BlockId
 from allocator_service.core.block_hash import BlockHash, HashFn, PackedTokens, hash_packed
 from allocator_service.core.free_block_queue import FreeBlockQueue
+from allocator_service.core.hash_index import HashIndex
 from allocator_service.core.kv_events import PoolEvents
 
 
@@ -22,7 +23,7 @@ class BlockPool:
         self._hashes_packed = hash_fn is hash_packed
         self.blocks = [Block(BlockId(i)) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        self.hash_index: dict[BlockHash, Block] = {}
+        self.hash_index = HashIndex(self.blocks)
         # Node ids are never reused, so a stale identity can never match a new prefix.
         self.last_node_id = 0
         # Where index changes are reported (set by the allocator once the pool is registered).
@@ -112,7 +113,6 @@ class BlockPool:
                 return self._new_node_id()
             # An entry whose prefix was evicted (or reset) can never be hit again: it only
             # blocks the hash. Give the hash to the prefix that is being computed now.
-            del self.hash_index[block_hash]  # re-entered last, as a new entry is
             self.hash_index[block_hash] = block
             if self.events is not None:
                 self.events.removed(existing)
@@ -151,11 +151,8 @@ class BlockPool:
     def _evict(self, block: Block) -> None:
         assert block.block_hash is not None
         # Once a fleet's pools have cycled through their free lists, every block taken is
-        # evicted, and its index entry is cold: the get brings it in, the del finds it warm.
-        # (Compiled, get and del are direct calls; pop is a method looked up by name.)
-        index = self.hash_index
-        if index.get(block.block_hash) is block:  # else not this block's entry: left alone
-            del index[block.block_hash]
+        # evicted: one probe finds its entry, if the entry is this block's (else left alone).
+        if self.hash_index.remove_entry(block.block_hash, block):
             if self.events is not None:
                 self.events.removed(block)
         block.forget_prefix()

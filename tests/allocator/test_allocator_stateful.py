@@ -411,7 +411,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert dropped == entries
         for eid in executor_ids:
             pool = self.pool(eid)
-            assert pool.blocks.hash_index == {}
+            assert len(pool.blocks.hash_index) == 0
             for seq in self.models[eid].seqs.values():
                 assert pool.num_cached_prefix_tokens(seq.tokens, seq.salt) == 0
 
