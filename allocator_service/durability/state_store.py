@@ -93,7 +93,7 @@ class MemoryStore(StateStore):
         # One entry per commit, oldest first: its events as the core packed them (one bytes
         # object, kv_events.py), unpacked only for a reader. Not tuples: a hundred thousand kept
         # tuples would each be walked by the cyclic collector before it learns to skip them,
-        # several per cent of a busy allocator's CPU. Unpacked only for a reader.
+        # several per cent of a busy allocator's CPU.
         self._batches: collections.deque[PackedEvents] = collections.deque()
         # Events at the front of the oldest batch that are already out of the ring.
         self._dropped = 0
