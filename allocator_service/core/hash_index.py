@@ -108,7 +108,9 @@ class HashIndex:
         return True
 
     def __contains__(self, block_hash: object) -> bool:
-        return isinstance(block_hash, bytes) and self._slot_of(BlockHash(block_hash)) >= 0
+        # A key of another length is not in the index (as with a dict), rather than refused.
+        return (isinstance(block_hash, bytes) and len(block_hash) == HASH_BYTES
+                and self._slot_of(BlockHash(block_hash)) >= 0)
 
     def __len__(self) -> int:
         return self._size

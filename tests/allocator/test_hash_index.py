@@ -90,6 +90,7 @@ def test_a_hash_of_another_length_is_refused_by_name():
         index.get(b"abcd")
     with pytest.raises(KeyError):
         index[bytes(16)]
+    assert b"abcd" not in index and "a str" not in index
 
 
 def test_the_table_has_at_least_twice_the_slots_of_the_pool():
