@@ -148,9 +148,6 @@ class Allocator:
         """Installs a registered executor (new, or restored from a snapshot) and wires its
         pool's prefix-cache changes into the event log."""
         executor.pool.blocks.events = PoolEvents(self.events, executor.executor_id)
-        replaced = self.executors.get(executor.executor_id)
-        if replaced is not None and replaced.pool is not executor.pool:
-            replaced.pool.discard()
         self.executors[executor.executor_id] = executor
 
     def heartbeat(self, executor_id: str, epoch: int, num_waiting: int = 0,
@@ -183,7 +180,6 @@ class Allocator:
             if executor is None or executor.epoch != epoch:
                 continue
             del self.executors[executor_id]
-            executor.pool.discard()
             self.events.pool_reset(executor_id, PoolResetReason.LEASE_EXPIRED)
             dropped.append(executor_id)
         return dropped
@@ -312,8 +308,7 @@ class Allocator:
             pool = executor.pool
             self.events.pool_reset(executor.executor_id, PoolResetReason.RESYNC,
                                    pool.num_blocks, pool.block_size)
-            for block in pool.blocks.hash_index.values():
-                pool.blocks.events.stored(block)  # type: ignore[union-attr]
+            pool.blocks.announce_entries()
 
     def reset_prefix_cache(self, executor_id: str = "") -> int:
         """Drops every prefix-cache entry of one pool, or of all; returns how many."""

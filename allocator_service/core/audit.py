@@ -9,7 +9,6 @@ from collections import Counter
 
 from allocator_service.core.block_hash import BlockHash, packed_slice
 from allocator_service.core.executor_pool import ExecutorPool
-from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.sequence import Sequence
 from pagedserve.protocol.token_bytes import TOKEN_BYTES
 
@@ -33,7 +32,7 @@ def audit_pool(executor_id: str, pool: ExecutorPool) -> list[str]:
                 f"{where}: sequence {seq.seq_id!r} has hashed {seq.num_hashed_blocks} blocks, "
                 f"computed {seq.num_computed_tokens} of {seq.num_tokens} tokens")
 
-    free_ids = [block.block_id for block in pool.blocks.free_list()]
+    free_ids = pool.blocks.free_block_ids()
     if len(free_ids) != pool.num_free_blocks:
         violations.append(f"{where}: free list holds {len(free_ids)} blocks but counts "
                           f"{pool.num_free_blocks}")
@@ -47,7 +46,7 @@ def audit_pool(executor_id: str, pool: ExecutorPool) -> list[str]:
         if on_free_list == (block.ref_count > 0):
             violations.append(f"{label} has ref_count {block.ref_count} and is "
                               f"{'' if on_free_list else 'not '}on the free list")
-        if FreeBlockQueue.contains(block) != on_free_list:
+        if pool.blocks.free_queue.contains(block.block_id) != on_free_list:
             violations.append(f"{label} has free-list links that disagree with the list")
         if block.ref_count != references[block.block_id]:
             violations.append(f"{label} has ref_count {block.ref_count} but "
@@ -65,7 +64,8 @@ def audit_pool(executor_id: str, pool: ExecutorPool) -> list[str]:
 def _audit_hash_index(where: str, pool: ExecutorPool) -> list[str]:
     violations = []
     size = pool.block_size
-    for block_hash, block in pool.blocks.hash_index.items():
+    for block_hash, block_id in pool.blocks.hash_index.items():
+        block = pool.blocks.block(block_id)
         label = f"{where}: hash {block_hash.hex()} -> block {block.block_id}"
         if block.block_hash != block_hash or block.tokens is None or block.parent_hash is None:
             violations.append(f"{label} does not carry that hash")
@@ -76,7 +76,8 @@ def _audit_hash_index(where: str, pool: ExecutorPool) -> list[str]:
         if pool.blocks.hash_fn(block.parent_hash, block.tokens) != block_hash:
             violations.append(f"{label}: its stored tokens hash to something else")
     for block in pool.blocks.blocks:
-        if block.block_hash is not None and pool.blocks.hash_index.get(block.block_hash) is not block:
+        if (block.block_hash is not None
+                and pool.blocks.hash_index.get(block.block_hash) != block.block_id):
             violations.append(f"{where}: block {block.block_id} carries a hash the index does "
                               "not map to it")
     for seq in pool.sequences.values():
@@ -99,7 +100,8 @@ def _audit_sequence_tokens(where: str, pool: ExecutorPool, seq: Sequence) -> lis
         violations.append(f"{label} keeps {len(seq.unhashed_token_ids)} unhashed tokens, not "
                           f"{seq.num_tokens} - {hashed}")
     chain: BlockHash | None = pool.root_hash(seq.cache_salt)
-    for block in seq.block_table[:seq.num_hashed_blocks]:
+    for block_id in seq.block_table[:seq.num_hashed_blocks]:
+        block = pool.blocks.block(block_id)
         if block.block_hash is None or block.parent_hash != chain:
             chain = None
             break
@@ -108,7 +110,7 @@ def _audit_sequence_tokens(where: str, pool: ExecutorPool, seq: Sequence) -> lis
         violations.append(f"{label}: its cached blocks chain to hash {chain.hex()}, but it "
                           f"continues from {seq.chain_hash.hex()}")
     for index in range(seq.num_hashed_blocks, len(seq.block_table)):
-        block = seq.block_table[index]
+        block = pool.blocks.block(seq.block_table[index])
         start = index * size - hashed
         if block.tokens is not None and (
                 packed_slice(seq.unhashed_token_ids, start, start + size) != block.tokens):

@@ -1,19 +1,53 @@
-"""One physical KV-cache block as the allocator sees it."""
+"""One physical KV-cache block: its record in its pool's arrays, and a view of it for readers.
+
+A pool keeps its blocks in flat arrays (librt vecs, block_pool.py), not one object per block:
+
+    records  vec[i64], RECORD items a block:  [ref, prev, next, hash lo, hash hi, node, parent node, -]
+    parents  vec[i64], 2 a block:             the parent prefix's hash (lo, hi)
+    tokens   vec[i32], block_size a block:    the tokens the cached K/V was computed from
+    salts    list[str], 1 a block:            the salt of a chain's first block
+
+At fleet scale a pool's blocks are touched in memory long gone cold: every block's life evicts
+an old prefix and enters a new one tens of seconds after the block was last seen. As objects,
+each block was a Block of two cache lines plus a bytes object for its hash, one for its tokens
+and a reference to its parent's hash, each freed from cold memory when the prefix was evicted
+(2026-11-28, 128 executors: `forget_prefix` 4.8 % of the allocator's CPU, `pymalloc_free`
+3.8 %). A record is one cache line's worth of plain integers, written and read by compiled
+loads and stores, and nothing is allocated or freed in a block's life.
+
+`Block` is what readers (audit, inspection, snapshots, tests) see: a view made on demand that
+reads and writes the record; the Step path never makes one.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NewType
+from typing import TYPE_CHECKING, Final, NewType
+
+from mypy_extensions import i64
 
 from allocator_service.core.block_hash import BlockHash, PackedTokens, unpack_tokens
+
+if TYPE_CHECKING:
+    from allocator_service.core.block_pool import BlockPool
 
 BlockId = NewType("BlockId", int)
 
 # Identity of a cached prefix: the salt string for "no block yet" (the root of a tenant's chain),
 # then a node id that is unique for the allocator's lifetime (from 1). Comparing identities
 # instead of hashes makes a prefix hit exact even when two different prefixes collide on their
-# hash. The core keeps one as a node id (an int, unboxed when compiled) with 0 for the root,
-# beside the salt it already has; PrefixKey is the one-value form its readers see.
+# hash. The core keeps one as a node id with 0 for the root, beside the salt it already has;
+# PrefixKey is the one-value form its readers see.
 PrefixKey = int | str
+
+# A block's record: items of `records` from block_id * RECORD on.
+REF: Final[i64] = 0          # sequences whose block table holds the block; 0: on the free list
+PREV: Final[i64] = 1         # free-list links (block ids, the list's ends as sentinels); NOT_LINKED
+NEXT: Final[i64] = 2         # while the block is in use
+HASH_LO: Final[i64] = 3      # the cached prefix's hash, its 16 bytes as two little-endian ints
+HASH_HI: Final[i64] = 4
+NODE: Final[i64] = 5         # the cached prefix's node id; 0 when the block caches nothing
+PARENT_NODE: Final[i64] = 6  # the node id of the prefix before it; 0: its salt's root
+RECORD: Final[i64] = 8       # items a record (one is spare: 64 bytes, a cache line's worth)
+NOT_LINKED: Final[i64] = -1
 
 
 def split_prefix_key(key: PrefixKey) -> int:
@@ -21,66 +55,73 @@ def split_prefix_key(key: PrefixKey) -> int:
     return key if isinstance(key, int) else 0
 
 
-@dataclass(slots=True, eq=False)
 class Block:
-    block_id: BlockId
-    # Sequences whose block table holds this block; 0 means it is on the free list.
-    ref_count: int = 0
+    """A view of block `block_id` of `pool`. Two views of one block are equal."""
 
-    # Prefix-cache entry, set only while the block is the hash index's entry for its content:
-    block_hash: BlockHash | None = None
-    # Hash of the previous block in the chain (the root hash for a first block).
-    parent_hash: BlockHash | None = None
-    # The exact tokens the K/V was computed from (packed, block_hash.py); compared on every
-    # hit, so a hash collision can never serve K/V of other tokens.
-    tokens: PackedTokens | None = None
-    # Identity of the prefix ending in this block, and of the prefix before it: the parent
-    # block's node id, or 0 for a chain's first block, whose parent is its salt's root
-    # (`root_salt`). Two fields rather than one `int | str`: compiled, an int field is stored
-    # unboxed, where a boxed node id was one more object per cached block, freed only when the
-    # block was evicted, from memory long gone cold. `parent_key` gives them as one value.
-    node_id: int = 0
-    parent_node: int = 0
-    root_salt: str = ""
+    __slots__ = ("pool", "block_id")
 
-    # Links of the free list (both None while the block is in use).
-    prev_free: Block | None = field(default=None, repr=False)
-    next_free: Block | None = field(default=None, repr=False)
+    def __init__(self, pool: BlockPool, block_id: BlockId) -> None:
+        self.pool = pool
+        self.block_id = block_id
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Block) and self.pool is other.pool
+                and self.block_id == other.block_id)
+
+    def __hash__(self) -> int:
+        return hash(self.block_id)
+
+    def __repr__(self) -> str:
+        return (f"Block({self.block_id}, ref_count={self.ref_count}, "
+                f"node_id={self.node_id}, cached={self.is_cached})")
+
+    @property
+    def ref_count(self) -> int:
+        return self.pool.ref_count(self.block_id)
+
+    @ref_count.setter
+    def ref_count(self, value: int) -> None:  # tests corrupt a pool to see the audit say so
+        self.pool.set_ref_count(self.block_id, value)
+
+    @property
+    def is_cached(self) -> bool:
+        return self.pool.is_cached(self.block_id)
+
+    @property
+    def block_hash(self) -> BlockHash | None:
+        return self.pool.hash_of(self.block_id) if self.is_cached else None
+
+    @property
+    def parent_hash(self) -> BlockHash | None:
+        return self.pool.parent_hash_of(self.block_id) if self.is_cached else None
+
+    @property
+    def tokens(self) -> PackedTokens | None:
+        return self.pool.tokens_of(self.block_id) if self.is_cached else None
+
+    @tokens.setter
+    def tokens(self, tokens: PackedTokens) -> None:  # tests corrupt a pool (see ref_count)
+        self.pool.set_tokens(self.block_id, tokens)
 
     @property
     def token_ids(self) -> tuple[int, ...] | None:
         """The cached tokens as ints, for readers (snapshots, audits, tests)."""
-        return None if self.tokens is None else unpack_tokens(self.tokens)
+        tokens = self.tokens
+        return None if tokens is None else unpack_tokens(tokens)
 
     @property
-    def is_cached(self) -> bool:
-        return self.block_hash is not None
+    def node_id(self) -> int:
+        return self.pool.node_of(self.block_id)
+
+    @property
+    def parent_node(self) -> int:
+        return self.pool.parent_node_of(self.block_id)
+
+    @property
+    def root_salt(self) -> str:
+        return self.pool.root_salt_of(self.block_id)
 
     @property
     def parent_key(self) -> PrefixKey:
         """The identity of the prefix before this block: its parent's node id, or the salt."""
         return self.parent_node if self.parent_node else self.root_salt
-
-    def set_parent(self, parent_node: int, salt: str) -> None:
-        """The prefix before this block: node `parent_node`, or (0) the root of `salt`."""
-        self.parent_node = parent_node
-        self.root_salt = "" if parent_node else salt
-
-    def set_parent_key(self, parent_key: PrefixKey) -> None:
-        """set_parent from the one-value form (as snapshots keep it)."""
-        if isinstance(parent_key, int):
-            self.set_parent(parent_key, "")
-        else:
-            self.set_parent(0, parent_key)
-
-    def has_parent(self, parent_node: int, salt: str) -> bool:
-        """Whether the prefix before this block is node `parent_node`, or (0) salt's root."""
-        return self.parent_node == parent_node and (parent_node != 0 or self.root_salt == salt)
-
-    def forget_prefix(self) -> None:
-        self.block_hash = None
-        self.parent_hash = None
-        self.tokens = None
-        self.node_id = 0
-        self.parent_node = 0
-        self.root_salt = ""

@@ -1,17 +1,26 @@
 """The blocks of one executor: reference counts, the free list and the prefix-cache index.
 
 Mechanism only: it hands out and takes back blocks and keeps the hash index honest. Which
-sequence gets which block, and when, is decided by `ExecutorPool` above it.
+sequence gets which block, and when, is decided by `ExecutorPool` above it. The blocks live in
+flat arrays (their layout: block.py); the Step path passes block ids, and readers get `Block`
+views (`block()`, `blocks`).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from allocator_service.core.block import Block, BlockId
+from librt.strings import BytesWriter, read_i32_le, write_i32_le
+from librt.vecs import vec
+from mypy_extensions import i32, i64
+
+from allocator_service.core.block import (HASH_HI, HASH_LO, NEXT, NODE, NOT_LINKED,
+                                          PARENT_NODE, PREV, RECORD, REF, Block, BlockId,
+                                          PrefixKey)
 from allocator_service.core.block_hash import BlockHash, HashFn, PackedTokens, hash_packed
 from allocator_service.core.free_block_queue import FreeBlockQueue
-from allocator_service.core.hash_index import HashIndex
+from allocator_service.core.hash_index import ABSENT, HashIndex, hash_bytes, hash_hi, hash_lo
 from allocator_service.core.kv_events import PoolEvents
+from pagedserve.protocol.token_bytes import TOKEN_BYTES
 
 
 class BlockPool:
@@ -21,9 +30,19 @@ class BlockPool:
         # Compiled, a call through a function object goes through its Python entry point;
         # hash() calls hash_packed directly unless a test put another function in its place.
         self._hashes_packed = hash_fn is hash_packed
-        self.blocks = [Block(BlockId(i)) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
-        self.hash_index = HashIndex(self.blocks)
+        self._num_blocks: i64 = num_blocks
+        # Every block's record, then the free list's two sentinels (block.py).
+        records = vec[i64]([0] * ((num_blocks + 2) * RECORD))
+        for at in range(0, (num_blocks + 2) * RECORD, RECORD):
+            records[at + PREV] = records[at + NEXT] = NOT_LINKED
+        self._records = records
+        self._parent_hashes = vec[i64]([0] * (2 * num_blocks))
+        self._tokens = vec[i32]([0] * (num_blocks * block_size))
+        # A chain's first block's salt ("" for every other block, and once evicted): its parent
+        # prefix is that salt's root.
+        self._salts: list[str] = [""] * num_blocks
+        self.free_queue = FreeBlockQueue(self._records, num_blocks, range(num_blocks))
+        self.hash_index = HashIndex(num_blocks)
         # Node ids are never reused, so a stale identity can never match a new prefix.
         self.last_node_id = 0
         # Where index changes are reported (set by the allocator once the pool is registered).
@@ -31,7 +50,7 @@ class BlockPool:
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -43,57 +62,69 @@ class BlockPool:
             return hash_packed(parent, tokens)
         return self.hash_fn(parent, tokens)
 
-    def take(self, count: int) -> list[Block]:
-        """Takes `count` blocks from the head of the free list with ref_count 1.
+    # -- the Step path: block ids ------------------------------------------------------------
+
+    def take(self) -> i64:
+        """Takes the block at the head of the free list, with ref_count 1.
 
         A taken block that still held a cached prefix is evicted now (lazy eviction). The caller
         has checked `num_free_blocks` first: asking for more is a bug.
         """
-        assert count <= self.free_queue.num_free, "take() without checking num_free_blocks"
-        taken = []
-        for _ in range(count):
-            block = self.free_queue.pop_head()
-            if block.block_hash is not None:
-                self._evict(block)
-            block.ref_count = 1
-            taken.append(block)
-        return taken
+        block = self.free_queue.pop_head()
+        at = block * RECORD
+        if self._records[at + NODE] != 0:
+            self._evict(block)
+        self._records[at + REF] = 1
+        return block
 
-    def share(self, block: Block) -> None:
+    def share(self, block: i64) -> None:
         """Adds a reference; a cached-free block leaves the free list (a prefix-cache hit)."""
-        if block.ref_count == 0:
+        at = block * RECORD
+        if self._records[at + REF] == 0:
             self.free_queue.remove(block)
-        block.ref_count += 1
+        self._records[at + REF] += 1
 
-    def release(self, blocks: list[Block]) -> None:
+    def release(self, blocks: vec[i32]) -> None:
         """Drops one reference from each block, last block first.
 
         Blocks reaching zero go back to the free list: cached ones to the tail (kept for reuse,
         a sequence's first block freed last so a prefix outlives its continuation), the rest
         to the head (taken first).
         """
-        # By index: compiled, reversed() is a generic iterator, 2 % of a fleet replay's CPU.
         for index in range(len(blocks) - 1, -1, -1):
-            block = blocks[index]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block.block_id} released below zero"
-            if block.ref_count == 0:
-                if block.block_hash is not None:
-                    self.free_queue.push_tail(block)
-                else:
-                    self.free_queue.push_head(block)
+            self.release_one(i64(blocks[index]))
 
-    def lookup(self, block_hash: BlockHash, parent_node: int, salt: str,
-               tokens: PackedTokens) -> Block | None:
+    def release_one(self, block: i64) -> None:
+        records = self._records
+        at = block * RECORD
+        count = records[at + REF] - 1
+        assert count >= 0, f"block {block} released below zero"
+        records[at + REF] = count
+        if count == 0:
+            if records[at + NODE] != 0:
+                self.free_queue.push_tail(block)
+            else:
+                self.free_queue.push_head(block)
+
+    def ref_count(self, block: i64) -> i64:
+        return self._records[block * RECORD + REF]
+
+    def node_of(self, block: i64) -> i64:
+        """The node id of the prefix cached in this block; 0 when it caches none."""
+        return self._records[block * RECORD + NODE]
+
+    def lookup(self, block_hash: BlockHash, parent_node: i64, salt: str,
+               tokens: PackedTokens) -> i64:
         """The cached block holding exactly these tokens after exactly this prefix (node
-        `parent_node`, or 0: the root of `salt`), if any."""
-        block = self.hash_index.get(block_hash)
-        if block is None or not block.has_parent(parent_node, salt) or block.tokens != tokens:
-            return None
+        `parent_node`, or 0: the root of `salt`), or ABSENT."""
+        block = self.hash_index.find(hash_lo(block_hash), hash_hi(block_hash))
+        if block == ABSENT or not self._has_parent(block, parent_node, salt) \
+                or not self._holds(block, tokens):
+            return ABSENT
         return block
 
-    def register(self, block: Block, block_hash: BlockHash, parent_hash: BlockHash,
-                 parent_node: int, salt: str, tokens: PackedTokens) -> int:
+    def register(self, block: i64, block_hash: BlockHash, parent_hash: BlockHash,
+                 parent_node: i64, salt: str, tokens: PackedTokens) -> i64:
         """Offers a full, computed block to the prefix cache; returns its prefix identity.
 
         If the same prefix is cached in another block already, that entry stays and its
@@ -101,62 +132,190 @@ class BlockPool:
         collision), the index is left alone and the chain gets a fresh identity that nothing
         else can match. An unreachable owner (its parent entry is gone) is replaced.
         """
-        # One probe of the index: setdefault enters the block when the hash is free.
-        existing = self.hash_index.setdefault(block_hash, block)
-        if existing is block:
-            if block.block_hash == block_hash:
-                return block.node_id  # the block is this entry already (a shared block)
+        records = self._records
+        lo, hi = hash_lo(block_hash), hash_hi(block_hash)
+        at = block * RECORD
+        # One probe of the index: the block is entered when the hash is free.
+        existing = self.hash_index.enter(lo, hi, block)
+        if existing == block:
+            if records[at + NODE] != 0 and records[at + HASH_LO] == lo \
+                    and records[at + HASH_HI] == hi:
+                return records[at + NODE]  # the block is this entry already (a shared block)
         else:
-            if existing.has_parent(parent_node, salt) and existing.tokens == tokens:
-                return existing.node_id
+            if self._has_parent(existing, parent_node, salt) and self._holds(existing, tokens):
+                return records[existing * RECORD + NODE]
             if self._reachable(existing):
                 return self._new_node_id()
             # An entry whose prefix was evicted (or reset) can never be hit again: it only
             # blocks the hash. Give the hash to the prefix that is being computed now.
-            self.hash_index[block_hash] = block
+            self.hash_index.replace(lo, hi, block)
             if self.events is not None:
-                self.events.removed(existing)
-            existing.forget_prefix()
-        block.block_hash = block_hash
-        block.parent_hash = parent_hash
-        block.tokens = tokens
-        block.set_parent(parent_node, salt)
-        block.node_id = self._new_node_id()
+                self.events.removed(existing, lo, hi)
+            self._forget(existing)
+        records[at + HASH_LO] = lo
+        records[at + HASH_HI] = hi
+        self._parent_hashes[2 * block] = hash_lo(parent_hash)
+        self._parent_hashes[2 * block + 1] = hash_hi(parent_hash)
+        self._store_tokens(block, tokens)
+        records[at + PARENT_NODE] = parent_node
+        if parent_node == 0:
+            self._salts[block] = salt
+        node = self._new_node_id()
+        records[at + NODE] = node
         if self.events is not None:
-            self.events.stored(block)
-        return block.node_id
+            self.events.stored(block, block_hash, parent_hash, tokens)
+        return node
 
     def reset_prefix_cache(self) -> int:
         """Forgets every cached prefix; blocks in use keep their K/V, they just stop matching."""
         dropped = len(self.hash_index)
         for block in self.hash_index.values():
-            block.forget_prefix()
+            self._forget(block)
         self.hash_index.clear()
         return dropped
 
-    def free_list(self) -> Iterable[Block]:
-        return iter(self.free_queue)
+    # -- inside ----------------------------------------------------------------------------------
 
-    def _reachable(self, block: Block) -> bool:
-        """Whether a lookup from a root can still arrive at this entry: every ancestor entry is
-        still in the index under the identity the entry was chained onto."""
-        while block.parent_node:
-            assert block.parent_hash is not None
-            parent = self.hash_index.get(block.parent_hash)
-            if parent is None or parent.node_id != block.parent_node:
+    def _has_parent(self, block: i64, parent_node: i64, salt: str) -> bool:
+        """Whether the prefix before this block is node `parent_node`, or (0) salt's root."""
+        return self._records[block * RECORD + PARENT_NODE] == parent_node and (
+            parent_node != 0 or self._salts[block] == salt)
+
+    def _holds(self, block: i64, tokens: PackedTokens) -> bool:
+        """Whether the block's cached tokens are `tokens` (packed)."""
+        size: i64 = self.block_size
+        width: i64 = TOKEN_BYTES  # once: a name of another module is a dict lookup per use
+        if len(tokens) != size * width:
+            return False
+        stored, base = self._tokens, block * size
+        for index in range(size):
+            if stored[base + index] != read_i32_le(tokens, index * width):
                 return False
-            block = parent
         return True
 
-    def _evict(self, block: Block) -> None:
-        assert block.block_hash is not None
+    def _store_tokens(self, block: i64, tokens: PackedTokens) -> None:
+        size: i64 = self.block_size
+        width: i64 = TOKEN_BYTES
+        assert len(tokens) == size * width, f"block {block}: {len(tokens)} token bytes"
+        stored, base = self._tokens, block * size
+        for index in range(size):
+            stored[base + index] = read_i32_le(tokens, index * width)
+
+    def _reachable(self, block: i64) -> bool:
+        """Whether a lookup from a root can still arrive at this entry: every ancestor entry is
+        still in the index under the identity the entry was chained onto."""
+        records, parents = self._records, self._parent_hashes
+        parent_node = records[block * RECORD + PARENT_NODE]
+        while parent_node != 0:
+            parent = self.hash_index.find(parents[2 * block], parents[2 * block + 1])
+            if parent == ABSENT or records[parent * RECORD + NODE] != parent_node:
+                return False
+            block = parent
+            parent_node = records[block * RECORD + PARENT_NODE]
+        return True
+
+    def _evict(self, block: i64) -> None:
         # Once a fleet's pools have cycled through their free lists, every block taken is
         # evicted: one probe finds its entry, if the entry is this block's (else left alone).
-        if self.hash_index.remove_entry(block.block_hash, block):
+        at = block * RECORD
+        lo, hi = self._records[at + HASH_LO], self._records[at + HASH_HI]
+        if self.hash_index.remove_entry(lo, hi, block):
             if self.events is not None:
-                self.events.removed(block)
-        block.forget_prefix()
+                self.events.removed(block, lo, hi)
+        self._forget(block)
 
-    def _new_node_id(self) -> int:
+    def _forget(self, block: i64) -> None:
+        """The block caches no prefix any more (its hash and tokens are left, unread)."""
+        at = block * RECORD
+        if self._records[at + PARENT_NODE] == 0:
+            self._salts[block] = ""
+        self._records[at + NODE] = 0
+        self._records[at + PARENT_NODE] = 0
+
+    def _new_node_id(self) -> i64:
         self.last_node_id += 1
         return self.last_node_id
+
+    # -- readers: audit, inspection, snapshots, tests ---------------------------------------------
+
+    def block(self, block_id: int) -> Block:
+        return Block(self, BlockId(block_id))
+
+    @property
+    def blocks(self) -> list[Block]:
+        """A view of every block, in id order."""
+        return [Block(self, BlockId(block_id)) for block_id in range(self._num_blocks)]
+
+    def index_entries(self) -> list[tuple[BlockHash, Block]]:
+        """The prefix-cache index as (hash, block) pairs, in the table's order."""
+        return [(block_hash, Block(self, BlockId(block)))
+                for block_hash, block in self.hash_index.items()]
+
+    def free_block_ids(self) -> list[int]:
+        """The free list, head (taken first) to tail."""
+        return self.free_queue.block_ids()
+
+    def is_cached(self, block: int) -> bool:
+        return self.node_of(block) != 0
+
+    def hash_of(self, block: int) -> BlockHash:
+        at = i64(block) * RECORD
+        return hash_bytes(self._records[at + HASH_LO], self._records[at + HASH_HI])
+
+    def parent_hash_of(self, block: int) -> BlockHash:
+        return hash_bytes(self._parent_hashes[2 * i64(block)],
+                          self._parent_hashes[2 * i64(block) + 1])
+
+    def tokens_of(self, block: int) -> PackedTokens:
+        size: i64 = self.block_size
+        out, stored, base = BytesWriter(), self._tokens, i64(block) * size
+        for index in range(size):
+            write_i32_le(out, stored[base + index])
+        return PackedTokens(out.getvalue())
+
+    def parent_node_of(self, block: int) -> int:
+        return self._records[i64(block) * RECORD + PARENT_NODE]
+
+    def root_salt_of(self, block: int) -> str:
+        return self._salts[block] if self.is_cached(block) and not self.parent_node_of(block) \
+            else ""
+
+    def set_ref_count(self, block: int, count: int) -> None:
+        """Writes a reference count as it is, free list untouched (snapshots, tests)."""
+        self._records[i64(block) * RECORD + REF] = count
+
+    def set_tokens(self, block: int, tokens: PackedTokens) -> None:
+        self._store_tokens(block, tokens)
+
+    def announce_entries(self) -> None:
+        """Reports every entry of the index as stored (a resync of the KV events' readers)."""
+        if self.events is None:
+            return
+        for block_hash, block in self.hash_index.items():
+            self.events.stored(block, block_hash, self.parent_hash_of(block),
+                               self.tokens_of(block))
+
+    def restore_entry(self, block: int, block_hash: BlockHash, parent_hash: BlockHash,
+                      tokens: PackedTokens, node_id: int, parent_key: PrefixKey) -> None:
+        """Makes the block the index's entry for a prefix, as a snapshot saved it."""
+        lo, hi = hash_lo(block_hash), hash_hi(block_hash)
+        at = i64(block) * RECORD
+        self._records[at + HASH_LO] = lo
+        self._records[at + HASH_HI] = hi
+        self._parent_hashes[2 * i64(block)] = hash_lo(parent_hash)
+        self._parent_hashes[2 * i64(block) + 1] = hash_hi(parent_hash)
+        self._store_tokens(block, tokens)
+        self._records[at + NODE] = node_id
+        if isinstance(parent_key, int):
+            self._records[at + PARENT_NODE] = parent_key
+        else:
+            self._records[at + PARENT_NODE] = 0
+            self._salts[block] = parent_key
+        self.hash_index.replace(lo, hi, block)
+
+    def restore_free_list(self, block_ids: Iterable[int]) -> None:
+        """Links exactly these blocks, in this order, as the free list (snapshots)."""
+        records = self._records
+        for block in range(self._num_blocks + 2):
+            records[block * RECORD + PREV] = records[block * RECORD + NEXT] = NOT_LINKED
+        self.free_queue = FreeBlockQueue(records, self._num_blocks, block_ids)

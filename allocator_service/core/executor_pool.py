@@ -10,10 +10,13 @@ from array import array
 from collections.abc import Sequence as Seq
 from typing import Final
 
-from allocator_service.core.block import Block
+from librt.vecs import append, vec
+from mypy_extensions import i32, i64
+
 from allocator_service.core.block_hash import (BlockHash, HashFn, PackedTokens, hash_packed,
                                                packed_slice, root_hash)
 from allocator_service.core.block_pool import BlockPool
+from allocator_service.core.hash_index import ABSENT
 from allocator_service.core.errors import SequenceExists, UnknownSequence
 from allocator_service.core.sequence import Sequence
 from pagedserve.common.errors import ResourceExhausted
@@ -102,7 +105,7 @@ class ExecutorPool:
     # -- prefix lookup ---------------------------------------------------------------------
 
     def _match_prefix(self, token_ids: array[int], cache_salt: str
-                      ) -> tuple[list[Block], BlockHash, int]:
+                      ) -> tuple[vec[i32], BlockHash, i64]:
         """Cached blocks that hold the longest prefix of the prompt, and the chain after them.
 
         The block holding the prompt's last token is never taken from the cache: the executor
@@ -110,17 +113,17 @@ class ExecutorPool:
         """
         size = self.block_size
         chain_hash_ = self.root_hash(cache_salt)
-        chain_node = 0   # the salt's root
-        hits: list[Block] = []
+        chain_node: i64 = 0   # the salt's root
+        hits = vec[i32]()
         blocks = self.blocks
         for start in range(0, (len(token_ids) - 1) // size * size, size):
             block_tokens = packed_slice(token_ids, start, start + size)
             block_hash = blocks.hash(chain_hash_, block_tokens)
             block = blocks.lookup(block_hash, chain_node, cache_salt, block_tokens)
-            if block is None:
+            if block == ABSENT:
                 break
-            hits.append(block)
-            chain_hash_, chain_node = block_hash, block.node_id
+            hits = append(hits, i32(block))
+            chain_hash_, chain_node = block_hash, blocks.node_of(block)
         return hits, chain_hash_, chain_node
 
     def root_hash(self, cache_salt: str) -> BlockHash:
@@ -139,7 +142,7 @@ class ExecutorPool:
     # -- allocate ----------------------------------------------------------------------------
 
     def _allocation_cost(self, token_ids: Seq[int], lookahead_slots: int,
-                         hits: list[Block]) -> tuple[int, int]:
+                         hits: vec[i32]) -> tuple[int, int]:
         """(new blocks to take, free blocks consumed): hits on cached-free blocks use free ones."""
         needed = blocks_for(len(token_ids) + lookahead_slots, self.block_size)
         if needed > self.num_blocks:
@@ -147,7 +150,8 @@ class ExecutorPool:
                 f"{len(token_ids)} tokens (+{lookahead_slots} reserved) need {needed} blocks of "
                 f"{self.block_size} slots but the pool has only {self.num_blocks}")
         new = needed - len(hits)
-        return new, new + sum(1 for block in hits if block.ref_count == 0)
+        blocks = self.blocks
+        return new, new + sum(1 for block in hits if blocks.ref_count(i64(block)) == 0)
 
     def can_allocate(self, token_ids: Seq[int], cache_salt: str = "",
                      lookahead_slots: int = 0) -> bool:
@@ -167,9 +171,12 @@ class ExecutorPool:
         new, consumed = self._allocation_cost(token_ids, lookahead_slots, hits)
         if consumed > self.num_free_blocks:
             return None
+        blocks = self.blocks
         for block in hits:  # before take(): a hit block must not be evicted by our own take
-            self.blocks.share(block)
-        table = hits + self.blocks.take(new)
+            blocks.share(i64(block))
+        table = hits
+        for _ in range(new):
+            table = append(table, i32(blocks.take()))
         num_cached = len(hits) * self.block_size
         del tokens[:num_cached]  # the hits' tokens are in their hashes
         self.sequences[seq_id] = Sequence(
@@ -179,7 +186,7 @@ class ExecutorPool:
             chain_node=chain_node)
         self.prefix_query_tokens += len(token_ids)
         self.prefix_hit_tokens += num_cached
-        return Allocation([block.block_id for block in table], num_cached)
+        return Allocation([int(block) for block in table], num_cached)
 
     # -- append ------------------------------------------------------------------------------
     #
@@ -199,7 +206,7 @@ class ExecutorPool:
         grow = -(-(num_tokens + num_new_tokens + lookahead_slots) // size) - len(table)
         first_written = num_tokens // size
         copy = (num_new_tokens > 0 and first_written < len(table)
-                and table[first_written].ref_count > 1)
+                and self.blocks.ref_count(i64(table[first_written])) > 1)
         return max(0, grow), copy
 
     def can_append(self, seq_id: SeqId, num_new_tokens: int, lookahead_slots: int = 0) -> bool:
@@ -237,16 +244,22 @@ class ExecutorPool:
         if grow + copy > self.num_free_blocks:
             return None
         copies: list[tuple[int, int]] = []
+        blocks = self.blocks
         if copy:
             index = seq.num_tokens // self.block_size
             shared = seq.block_table[index]
-            (private,) = self.blocks.take(1)
-            self.blocks.release([shared])
-            seq.block_table[index] = private
-            copies.append((shared.block_id, private.block_id))
-        new_blocks = self.blocks.take(grow)
-        seq.block_table.extend(new_blocks)
-        return Growth([block.block_id for block in new_blocks], copies)
+            private = blocks.take()
+            blocks.release_one(i64(shared))
+            seq.block_table[index] = i32(private)
+            copies.append((int(shared), int(private)))
+        new_blocks: list[int] = []
+        table = seq.block_table
+        for _ in range(grow):
+            block = blocks.take()
+            table = append(table, i32(block))
+            new_blocks.append(int(block))
+        seq.block_table = table
+        return Growth(new_blocks, copies)
 
     def _cache_computed_blocks(self, seq: Sequence) -> None:
         """Hashes every full block below the computed mark, in order, into the prefix cache."""
@@ -267,7 +280,7 @@ class ExecutorPool:
             # A slice of the whole of `packed` (one block) is `packed` itself, not a copy.
             block_tokens = PackedTokens(packed[offset:offset + width])
             block_hash = blocks.hash(chain_hash_, block_tokens)
-            chain_node = blocks.register(table[index], block_hash, chain_hash_, chain_node,
+            chain_node = blocks.register(i64(table[index]), block_hash, chain_hash_, chain_node,
                                          salt, block_tokens)
             chain_hash_ = block_hash
         seq.chain_hash, seq.chain_node, seq.num_hashed_blocks = chain_hash_, chain_node, end
@@ -286,28 +299,22 @@ class ExecutorPool:
             raise SequenceExists(child_id)
         shared = parent.block_table[:blocks_for(parent.num_tokens, self.block_size)]
         for block in shared:
-            self.blocks.share(block)
+            self.blocks.share(i64(block))
         self.sequences[child_id] = Sequence(
-            seq_id=child_id, cache_salt=parent.cache_salt, block_table=list(shared),
+            seq_id=child_id, cache_salt=parent.cache_salt, block_table=shared,
             num_tokens=parent.num_tokens,
             unhashed_token_ids=array("i", parent.unhashed_token_ids),
             num_cached_tokens=parent.num_cached_tokens,
             num_computed_tokens=parent.num_computed_tokens,
             num_hashed_blocks=parent.num_hashed_blocks, chain_hash=parent.chain_hash,
             chain_node=parent.chain_node)
-        return [block.block_id for block in shared]
+        return [int(block) for block in shared]
 
     def free(self, seq_id: SeqId) -> None:
         """Ends the sequence; blocks nobody else holds return to the free list."""
         seq = self._get(seq_id)
         del self.sequences[seq_id]  # compiled, a direct call where pop() is a method lookup
         self.blocks.release(seq.block_table)
-
-    def discard(self) -> None:
-        """This pool is dropped (reclaimed, or replaced by a re-registration). Its free list
-        links blocks both ways; unlinking it lets reference counting free the whole pool at
-        once, since the pools are kept out of the cyclic collector (server/heap.py)."""
-        self.blocks.free_queue.unlink_all()
 
     def reset_prefix_cache(self) -> int:
         """Drops every cache entry. Live sequences keep hashing what they compute next: their

@@ -13,9 +13,10 @@ share its cache line; the table has twice the slots the pool has blocks, so it n
 and a removal shifts the slots after it back (no tombstones), so it never needs a rebuild.
 The arrays are librt vecs: compiled by mypyc, reading and writing an item is a load or a store.
 
-Values are the pool's Block objects, found by id. The index keeps the dict's reading surface
-(`get`, `[]`, `in`, `len`, `items()`, `values()`, iteration), so readers (audit, inspection,
-snapshots, tests) did not change; the order of iteration is the table's, not insertion order.
+Values are block ids. Besides the probes the pool makes with a hash's two halves, the index
+keeps a dict's reading surface (`get`, `[]`, `in`, `len`, `items()`, `values()`, iteration) for
+readers (audit, inspection, snapshots, tests); the order of iteration is the table's, not
+insertion order.
 """
 from __future__ import annotations
 
@@ -26,24 +27,41 @@ from librt.strings import BytesWriter, read_i64_le, write_i64_le
 from librt.vecs import vec
 from mypy_extensions import i64
 
-from allocator_service.core.block import Block
 from allocator_service.core.block_hash import HASH_BYTES, BlockHash
 
 # Items per slot: the hash's low and high 8 bytes, and the block id + 1 (0: an empty slot).
 SLOT: Final[i64] = 3
+# What a probe answers for a hash the index does not hold.
+ABSENT: Final[i64] = -1
+
+
+def hash_lo(block_hash: BlockHash) -> i64:
+    """The low half of a 16-byte hash, as the index and the block records keep it."""
+    return read_i64_le(block_hash, 0)
+
+
+def hash_hi(block_hash: BlockHash) -> i64:
+    return read_i64_le(block_hash, 8)
+
+
+def hash_bytes(lo: i64, hi: i64) -> BlockHash:
+    """The 16-byte hash whose halves are `lo` and `hi`."""
+    key = BytesWriter()
+    write_i64_le(key, lo)
+    write_i64_le(key, hi)
+    return BlockHash(key.getvalue())
 
 
 class HashIndex:
-    def __init__(self, blocks: list[Block]) -> None:
-        self._blocks = blocks
+    def __init__(self, num_blocks: int) -> None:
         capacity: i64 = 8
-        while capacity < 2 * len(blocks):
+        while capacity < 2 * num_blocks:
             capacity *= 2
         self._mask: i64 = capacity - 1
         self._slots: vec[i64] = vec[i64]([0] * (capacity * SLOT))
         self._size = 0
 
-    # -- the probe ---------------------------------------------------------------------------
+    # -- the probes the pool makes -------------------------------------------------------------
 
     def _find(self, lo: i64, hi: i64) -> i64:
         """The slot holding this hash, or the empty slot where it would go (a negative number:
@@ -58,54 +76,51 @@ class HashIndex:
                 return slot
             slot = (slot + 1) & mask
 
-    def _slot_of(self, block_hash: BlockHash) -> i64:
-        if len(block_hash) != HASH_BYTES:
-            raise ValueError(f"a block hash is {HASH_BYTES} bytes, got {len(block_hash)}")
-        return self._find(read_i64_le(block_hash, 0), read_i64_le(block_hash, 8))
+    def find(self, lo: i64, hi: i64) -> i64:
+        """The block entered under this hash, or ABSENT."""
+        slot = self._find(lo, hi)
+        return self._slots[slot * SLOT + 2] - 1 if slot >= 0 else ABSENT
 
-    def _block_at(self, slot: i64) -> Block:
-        return self._blocks[self._slots[slot * SLOT + 2] - 1]
-
-    # -- the dict's surface --------------------------------------------------------------------
-
-    def get(self, block_hash: BlockHash) -> Block | None:
-        slot = self._slot_of(block_hash)
-        return self._block_at(slot) if slot >= 0 else None
-
-    def setdefault(self, block_hash: BlockHash, block: Block) -> Block:
-        """The block entered under this hash, entering `block` if there is none."""
-        slot = self._slot_of(block_hash)
+    def enter(self, lo: i64, hi: i64, block_id: i64) -> i64:
+        """The block entered under this hash, entering `block_id` if there is none."""
+        slot = self._find(lo, hi)
         if slot >= 0:
-            return self._block_at(slot)
-        self._put(-1 - slot, block_hash, block)
-        return block
+            return self._slots[slot * SLOT + 2] - 1
+        self._put(-1 - slot, lo, hi, block_id)
+        return block_id
 
-    def __getitem__(self, block_hash: BlockHash) -> Block:
-        block = self.get(block_hash)
-        if block is None:
-            raise KeyError(block_hash)
-        return block
-
-    def __setitem__(self, block_hash: BlockHash, block: Block) -> None:
-        slot = self._slot_of(block_hash)
+    def replace(self, lo: i64, hi: i64, block_id: i64) -> None:
+        """Enters `block_id` under this hash, in place of the block entered there if any."""
+        slot = self._find(lo, hi)
         if slot >= 0:
-            self._slots[slot * SLOT + 2] = block.block_id + 1
+            self._slots[slot * SLOT + 2] = block_id + 1
         else:
-            self._put(-1 - slot, block_hash, block)
+            self._put(-1 - slot, lo, hi, block_id)
 
-    def __delitem__(self, block_hash: BlockHash) -> None:
-        slot = self._slot_of(block_hash)
-        if slot < 0:
-            raise KeyError(block_hash)
-        self._remove(slot)
-
-    def remove_entry(self, block_hash: BlockHash, block: Block) -> bool:
-        """Removes the hash's entry if it is `block`'s; whether it was (one probe)."""
-        slot = self._slot_of(block_hash)
-        if slot < 0 or self._slots[slot * SLOT + 2] != block.block_id + 1:
+    def remove_entry(self, lo: i64, hi: i64, block_id: i64) -> bool:
+        """Removes the hash's entry if it is `block_id`'s; whether it was (one probe)."""
+        slot = self._find(lo, hi)
+        if slot < 0 or self._slots[slot * SLOT + 2] != block_id + 1:
             return False
         self._remove(slot)
         return True
+
+    # -- a dict's reading surface, for readers -------------------------------------------------
+
+    def _slot_of(self, block_hash: BlockHash) -> i64:
+        if len(block_hash) != HASH_BYTES:
+            raise ValueError(f"a block hash is {HASH_BYTES} bytes, got {len(block_hash)}")
+        return self._find(hash_lo(block_hash), hash_hi(block_hash))
+
+    def get(self, block_hash: BlockHash) -> int | None:
+        slot = self._slot_of(block_hash)
+        return int(self._slots[slot * SLOT + 2] - 1) if slot >= 0 else None
+
+    def __getitem__(self, block_hash: BlockHash) -> int:
+        block_id = self.get(block_hash)
+        if block_id is None:
+            raise KeyError(block_hash)
+        return block_id
 
     def __contains__(self, block_hash: object) -> bool:
         # A key of another length is not in the index (as with a dict), rather than refused.
@@ -121,24 +136,17 @@ class HashIndex:
             slots[at] = slots[at + 1] = slots[at + 2] = 0
         self._size = 0
 
-    def items(self) -> list[tuple[BlockHash, Block]]:
-        found: list[tuple[BlockHash, Block]] = []
+    def items(self) -> list[tuple[BlockHash, int]]:
         slots = self._slots
-        for at in range(0, len(slots), SLOT):
-            if slots[at + 2]:
-                key = BytesWriter()
-                write_i64_le(key, slots[at])
-                write_i64_le(key, slots[at + 1])
-                found.append((BlockHash(key.getvalue()), self._blocks[slots[at + 2] - 1]))
-        return found
+        return [(hash_bytes(slots[at], slots[at + 1]), int(slots[at + 2] - 1))
+                for at in range(0, len(slots), SLOT) if slots[at + 2]]
 
     def keys(self) -> list[BlockHash]:
         return [key for key, _ in self.items()]
 
-    def values(self) -> list[Block]:
+    def values(self) -> list[int]:
         slots = self._slots
-        return [self._blocks[slots[at + 2] - 1] for at in range(0, len(slots), SLOT)
-                if slots[at + 2]]
+        return [int(slots[at + 2] - 1) for at in range(0, len(slots), SLOT) if slots[at + 2]]
 
     def __iter__(self) -> Iterator[BlockHash]:
         return iter(self.keys())
@@ -148,12 +156,12 @@ class HashIndex:
 
     # -- entering and removing -----------------------------------------------------------------
 
-    def _put(self, slot: i64, block_hash: BlockHash, block: Block) -> None:
+    def _put(self, slot: i64, lo: i64, hi: i64, block_id: i64) -> None:
         at = slot * SLOT
         slots = self._slots
-        slots[at] = read_i64_le(block_hash, 0)
-        slots[at + 1] = read_i64_le(block_hash, 8)
-        slots[at + 2] = block.block_id + 1
+        slots[at] = lo
+        slots[at + 1] = hi
+        slots[at + 2] = block_id + 1
         self._size += 1
 
     def _remove(self, slot: i64) -> None:

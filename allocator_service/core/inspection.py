@@ -66,10 +66,10 @@ def block_fill(pool: ExecutorPool) -> dict[int, int]:
     size = pool.block_size
     fill: dict[int, int] = {}
     for seq in pool.sequences.values():
-        for index, block in enumerate(seq.block_table):
+        for index, block_id in enumerate(seq.block_ids()):
             tokens = min(size, max(0, seq.num_tokens - index * size))
-            if tokens > fill.get(block.block_id, -1):
-                fill[block.block_id] = tokens
+            if tokens > fill.get(block_id, -1):
+                fill[block_id] = tokens
     return fill
 
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from librt.strings import BytesWriter, read_i32_le, read_i64_le, write_i32_le, write_i64_le
+from mypy_extensions import i32, i64
 
-from allocator_service.core.block import Block
-from allocator_service.core.block_hash import PackedTokens, pack_tokens, unpack_tokens
+from allocator_service.core.block_hash import (HASH_BYTES, PackedTokens, pack_tokens,
+                                               unpack_tokens)
 
 
 class KvEventType(enum.IntEnum):
@@ -151,6 +152,15 @@ class _Writer:
         write_i32_le(buffer, block_id)
         buffer.append(len(block_hash))
         buffer.write(block_hash)
+
+    def removed_halves(self, executor: bytes, block_id: i64, lo: i64, hi: i64) -> None:
+        """`removed` of a 16-byte hash given as its two halves, as the pools keep it."""
+        buffer = self.for_executor(executor)
+        buffer.append(PACKED_REMOVED)
+        write_i32_le(buffer, i32(block_id))
+        buffer.append(HASH_BYTES)
+        write_i64_le(buffer, lo)
+        write_i64_le(buffer, hi)
 
     def reset(self, executor: bytes, reason: str, num_blocks: int, block_size: int) -> None:
         buffer = self.for_executor(executor)
@@ -285,15 +295,14 @@ class PoolEvents:
         self.executor_id = executor_id
         self.packed_executor_id = executor_id.encode()  # as packed events carry it
 
-    def stored(self, block: Block) -> None:
-        assert block.block_hash is not None and block.tokens is not None
+    def stored(self, block_id: i64, block_hash: bytes, parent_hash: bytes,
+               tokens: bytes) -> None:
         log = self.log
-        log.writer.stored(self.packed_executor_id, block.block_id, block.block_hash,
-                          block.parent_hash or b"", block.tokens)
+        log.writer.stored(self.packed_executor_id, block_id, block_hash, parent_hash, tokens)
         log.added()
 
-    def removed(self, block: Block) -> None:
-        assert block.block_hash is not None
+    def removed(self, block_id: i64, hash_lo: i64, hash_hi: i64) -> None:
+        """Block `block_id` left the index; its hash given as its halves (hash_index.py)."""
         log = self.log
-        log.writer.removed(self.packed_executor_id, block.block_id, block.block_hash)
+        log.writer.removed_halves(self.packed_executor_id, block_id, hash_lo, hash_hi)
         log.added()

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from array import array
 
-from allocator_service.core.block import Block, PrefixKey
+from librt.vecs import vec
+from mypy_extensions import i32
+
+from allocator_service.core.block import PrefixKey
 from allocator_service.core.block_hash import BlockHash
 from pagedserve.protocol.block_ops import SeqId
 
@@ -17,13 +20,15 @@ class Sequence:
                  "num_cached_tokens", "num_computed_tokens", "num_hashed_blocks", "chain_hash",
                  "chain_node")
 
-    def __init__(self, seq_id: SeqId, cache_salt: str, block_table: list[Block],
+    def __init__(self, seq_id: SeqId, cache_salt: str, block_table: vec[i32],
                  num_tokens: int, unhashed_token_ids: array[int], num_cached_tokens: int,
                  num_computed_tokens: int, num_hashed_blocks: int, chain_hash: BlockHash,
                  chain_node: int) -> None:
         self.seq_id = seq_id
         self.cache_salt = cache_salt
-        # Physical blocks in logical order; may run past the last token (slots reserved ahead).
+        # Physical block ids in logical order; may run past the last token (slots reserved
+        # ahead). A vec of int32 ids: a list held each id as an int object of its own, one
+        # more read from cold memory per block (and the collector's walk of every list).
         self.block_table = block_table
         # Tokens the sequence holds, the prompt's and those appended since, hashed or not.
         self.num_tokens = num_tokens
@@ -56,4 +61,4 @@ class Sequence:
                 f"blocks={self.block_ids()}, num_hashed_blocks={self.num_hashed_blocks})")
 
     def block_ids(self) -> list[int]:
-        return [block.block_id for block in self.block_table]
+        return [int(block) for block in self.block_table]

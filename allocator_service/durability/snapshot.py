@@ -18,11 +18,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from librt.vecs import vec
+from mypy_extensions import i32
+
 from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
-from allocator_service.core.block import Block, BlockId, split_prefix_key
-from allocator_service.core.block_hash import pack_tokens
+from allocator_service.core.block import Block, split_prefix_key
+from allocator_service.core.block_hash import BlockHash, PackedTokens, pack_tokens
 from allocator_service.core.executor_pool import ExecutorPool
-from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.sequence import Sequence
 from pagedserve.protocol.block_ops import OpResult, OpStatus, SeqId, StepResult
 from pagedserve.protocol.token_bytes import array_to_bytes, bytes_to_array
@@ -120,7 +122,7 @@ def _capture_pool(pool: ExecutorPool) -> Json:
         "prefix_hit_tokens": pool.prefix_hit_tokens,
         "blocks": [_capture_block(block) for block in blocks.blocks
                    if block.ref_count or block.block_hash is not None],
-        "free_list": _runs(block.block_id for block in blocks.free_list()),
+        "free_list": _runs(blocks.free_block_ids()),
         "sequences": [_capture_sequence(seq) for seq in pool.sequences.values()],
     }
 
@@ -156,23 +158,18 @@ def _restore_pool(data: Json, core: Allocator, tokens_of: TokenReader) -> Execut
     blocks.last_node_id = data["last_node_id"]
     pool.prefix_query_tokens = data["prefix_query_tokens"]
     pool.prefix_hit_tokens = data["prefix_hit_tokens"]
-    by_id = blocks.blocks
     for item in data["blocks"]:
-        block = by_id[item[0]]
-        block.ref_count = item[1]
+        blocks.set_ref_count(item[0], item[1])
         if len(item) > 2:
-            block.block_hash, block.parent_hash = bytes.fromhex(item[2]), bytes.fromhex(item[3])
-            block.tokens, block.node_id = tokens_of(item[4]), item[5]
-            block.set_parent_key(item[6])
-            blocks.hash_index[block.block_hash] = block
+            blocks.restore_entry(item[0], BlockHash(bytes.fromhex(item[2])),
+                                 BlockHash(bytes.fromhex(item[3])), PackedTokens(tokens_of(item[4])),
+                                 item[5], item[6])
     # The constructor linked every block; relink only the free ones, in their saved order.
-    for block in by_id:
-        block.prev_free = block.next_free = None
-    blocks.free_queue = FreeBlockQueue(by_id[block_id] for block_id in _expand(data["free_list"]))
+    blocks.restore_free_list(_expand(data["free_list"]))
     for item in data["sequences"]:
         pool.sequences[SeqId(item["seq_id"])] = Sequence(
             seq_id=SeqId(item["seq_id"]), cache_salt=item["cache_salt"],
-            block_table=[by_id[BlockId(block_id)] for block_id in item["block_table"]],
+            block_table=vec[i32](item["block_table"]),
             **_sequence_tokens(item, pool.block_size, tokens_of),
             num_cached_tokens=item["num_cached_tokens"],
             num_computed_tokens=item["num_computed_tokens"],

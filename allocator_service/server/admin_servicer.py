@@ -69,7 +69,7 @@ class AllocatorAdminServicer(pb_grpc.AllocatorAdminServicer):
         with self.state.reading() as core:
             (executor,) = core.sorted_executors(request.executor_id)
             views = block_views(executor.pool)
-            free_list = [block.block_id for block in executor.pool.blocks.free_list()]
+            free_list = executor.pool.blocks.free_block_ids()
         return pb.DumpBlocksResponse(
             executor_id=executor.executor_id, block_size=executor.pool.block_size,
             blocks=[convert.block_to_proto(view) for view in views], free_list=free_list)

@@ -28,18 +28,9 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 request.model_fingerprint)
         index = commands.executor_index_of(request)
         pool = self.state.core.build_pool(*args, index)  # slow for big pools: outside the lock
-        installed = False
-        try:
-            with self.state.writing() as core:
-                executor = core.register_executor(*args, pool=pool, executor_index=index)
-                installed = True
-                self.state.commit(commands.register(request))
-        except Exception:
-            # Refused before the pool was installed (its index taken, the store down): free it
-            # now, by reference counting, rather than at some later cyclic collection.
-            if not installed:
-                pool.discard()
-            raise
+        with self.state.writing() as core:
+            executor = core.register_executor(*args, pool=pool, executor_index=index)
+            self.state.commit(commands.register(request))
         freeze_long_lived()
         return pb.RegisterExecutorResponse(epoch=executor.epoch,
                                            lease_ttl_s=self.state.core.lease_ttl_s,

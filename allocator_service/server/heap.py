@@ -1,13 +1,13 @@
 """How the allocator process uses Python's cyclic garbage collector.
 
-A pool is tens of thousands of long-lived Block objects. A full collection walks every tracked
-object: with a few pools registered, that is a pause of tens of milliseconds, in which no Step is
-answered (a fleet benchmark replay showed Step p99 of about 100 ms from it, and 7 ms without).
-`gc.freeze()` moves every object alive now into a generation the collector never walks; objects
+A full collection walks every tracked object. Until 2026-11-28 a pool was tens of thousands of
+long-lived Block objects: with a few pools registered, that was a pause of tens of milliseconds,
+in which no Step is answered (a fleet benchmark replay showed Step p99 of about 100 ms from it,
+and 7 ms without). A pool's blocks are arrays now, but its sequences, recorded results and
+executors are still objects, long-lived and many. `gc.freeze()` moves every object alive now into a generation the collector never walks; objects
 made later (Steps in flight, sequences, recorded results) are collected as usual, and frozen
-ones are still freed by reference counting. A dropped pool would be cyclic garbage (its free
-list links blocks both ways), so the core unlinks it (FreeBlockQueue.unlink_all) when it drops
-it, and nothing of it stays behind.
+ones are still freed by reference counting. A pool holds no reference cycles (its blocks are
+records in flat arrays, linked by id: core/block.py), so a dropped pool is freed whole at once.
 
 What is left for the collector is what Steps make: ops and results, freed by reference counting
 within the Step, and what outlives a Step for seconds: sequences, each executor's recent Step

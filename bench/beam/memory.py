@@ -41,7 +41,7 @@ def count_blocks(engine: Engine, request_id: str, prompt: list[int], width: int,
         tables = [seq.block_table for seq_id, seq in pool.sequences.items()
                   if seq_id.startswith(prefix)]
         if tables:
-            samples.append((len({block.block_id for table in tables for block in table}),
+            samples.append((len({block for table in tables for block in table}),
                             sum(len(table) for table in tables)))
     if engine.scheduler.num_preemptions:
         raise RuntimeError("a beam request was preempted: the cache is too small to measure")

@@ -136,7 +136,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def snapshot(self, executor_id: str):
         pool = self.pool(executor_id)
         return ([(b.ref_count, b.block_hash, b.node_id) for b in pool.blocks.blocks],
-                [b.block_id for b in pool.blocks.free_list()],
+                pool.blocks.free_block_ids(),
                 {sid: (seq.block_ids(), seq.num_tokens, list(seq.unhashed_token_ids),
                        seq.num_computed_tokens)
                  for sid, seq in pool.sequences.items()})
@@ -206,7 +206,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert executor.epoch > self.last_epoch
         self.last_epoch = executor.epoch
         assert executor.pool.sequences == {}
-        assert [b.block_id for b in executor.pool.blocks.free_list()] == list(range(num_blocks))
+        assert executor.pool.blocks.free_block_ids() == list(range(num_blocks))
         self.models[executor_id] = ExecutorModel(executor.epoch, num_blocks, block_size,
                                                  self.clock.now + LEASE_TTL)
         if old is not None:
@@ -344,7 +344,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         pool = self.pool(executor_id)
         seq = self.models[executor_id].seqs[seq_id]
         expected_free = pool.num_free_blocks + sum(
-            1 for block in pool.sequences[seq_id].block_table if block.ref_count == 1)
+            1 for block in pool.sequences[seq_id].block_table if pool.blocks.ref_count(block) == 1)
         ops: list[BlockOp] = [FreeOp(seq_id)]
         if finished:
             self.write_computed(executor_id, seq_id, len(seq.tokens))
@@ -454,7 +454,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             pool = self.pool(executor_id)
             assert audit_pool(executor_id, pool) == []
             assert pool.num_free_blocks == model.num_blocks
-            assert sorted(b.block_id for b in pool.blocks.free_list()) == list(
+            assert sorted(pool.blocks.free_block_ids()) == list(
                 range(model.num_blocks))
             assert all(block.ref_count == 0 for block in pool.blocks.blocks)
 

@@ -89,7 +89,8 @@ def test_sequence_keeps_only_the_tokens_after_its_hashed_blocks():
     assert (a.num_tokens, a.num_hashed_blocks, a.unhashed_token_ids.tolist()) == (10, 2, A10[8:])
     pool.append("a", [60, 61], num_computed_tokens=12)  # fills and hashes block 2
     assert (a.num_tokens, a.num_hashed_blocks, a.unhashed_token_ids.tolist()) == (12, 3, [])
-    assert a.block_table[2].token_ids == (*A10[8:], 60, 61)  # a copy: c shares the old one
+    # Block 2 is a copy: c shares the old one.
+    assert pool.blocks.block(a.block_table[2]).token_ids == (*A10[8:], 60, 61)
     assert audit_pool("e", pool) == []
 
 
@@ -122,7 +123,7 @@ def test_audit_detects_unhashed_tokens_of_the_wrong_length():
 
 def test_audit_detects_block_dropped_from_free_list():
     pool = _stats_scenario()
-    pool.blocks.free_queue.remove(pool.blocks.blocks[10])
+    pool.blocks.free_queue.remove(10)
     assert audit_pool("e", pool) == [
         "pool 'e': block 10 has ref_count 0 and is not on the free list",
         "pool 'e': 4 used + 6 free != 11 blocks",

@@ -10,8 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from allocator_service.core.block import Block, BlockId
-from allocator_service.core.hash_index import HashIndex
+from allocator_service.core.hash_index import ABSENT, HashIndex, hash_hi, hash_lo
 
 NUM_BLOCKS = 12   # a table of 32 slots
 
@@ -26,38 +25,31 @@ def key(home: int, tag: int) -> bytes:
 KEYS = [key(home, tag) for home in (0, 1, 29, 30, 31) for tag in range(5)]
 
 
+def halves(k: bytes) -> tuple[int, int]:
+    return hash_lo(k), hash_hi(k)
+
+
 class IndexAgainstDict(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = [Block(BlockId(i)) for i in range(NUM_BLOCKS)]
-        self.index = HashIndex(self.blocks)
-        self.model: dict[bytes, Block] = {}
+        self.index = HashIndex(NUM_BLOCKS)
+        self.model: dict[bytes, int] = {}
 
     @precondition(lambda self: len(self.model) < NUM_BLOCKS)
     @rule(k=st.sampled_from(KEYS), block_id=st.integers(0, NUM_BLOCKS - 1))
-    def setdefault(self, k: bytes, block_id: int) -> None:
-        block = self.blocks[block_id]
-        assert self.index.setdefault(k, block) is self.model.setdefault(k, block)
+    def enter(self, k: bytes, block_id: int) -> None:
+        assert self.index.enter(*halves(k), block_id) == self.model.setdefault(k, block_id)
 
     @precondition(lambda self: len(self.model) < NUM_BLOCKS)
     @rule(k=st.sampled_from(KEYS), block_id=st.integers(0, NUM_BLOCKS - 1))
-    def assign(self, k: bytes, block_id: int) -> None:
-        self.index[k] = self.model[k] = self.blocks[block_id]
-
-    @rule(k=st.sampled_from(KEYS))
-    def delete(self, k: bytes) -> None:
-        if k in self.model:
-            del self.index[k]
-            del self.model[k]
-        else:
-            with pytest.raises(KeyError):
-                del self.index[k]
+    def replace(self, k: bytes, block_id: int) -> None:
+        self.index.replace(*halves(k), block_id)
+        self.model[k] = block_id
 
     @rule(k=st.sampled_from(KEYS), block_id=st.integers(0, NUM_BLOCKS - 1))
     def remove_entry(self, k: bytes, block_id: int) -> None:
-        block = self.blocks[block_id]
-        owned = self.model.get(k) is block
-        assert self.index.remove_entry(k, block) == owned
+        owned = self.model.get(k) == block_id
+        assert self.index.remove_entry(*halves(k), block_id) == owned
         if owned:
             del self.model[k]
 
@@ -70,13 +62,12 @@ class IndexAgainstDict(RuleBasedStateMachine):
     def answers_as_the_dict(self) -> None:
         assert len(self.index) == len(self.model)
         for k in KEYS:
-            assert self.index.get(k) is self.model.get(k)
+            assert self.index.get(k) == self.model.get(k)
+            assert self.index.find(*halves(k)) == self.model.get(k, ABSENT)
             assert (k in self.index) == (k in self.model)
-        assert sorted((k, b.block_id) for k, b in self.index.items()) == sorted(
-            (k, b.block_id) for k, b in self.model.items())
+        assert sorted(self.index.items()) == sorted(self.model.items())
         assert sorted(self.index) == sorted(self.model)
-        assert sorted(b.block_id for b in self.index.values()) == sorted(
-            b.block_id for b in self.model.values())
+        assert sorted(self.index.values()) == sorted(self.model.values())
 
 
 TestIndexAgainstDict = IndexAgainstDict.TestCase
@@ -85,7 +76,7 @@ TestIndexAgainstDict.settings = settings(max_examples=200, stateful_step_count=6
 
 
 def test_a_hash_of_another_length_is_refused_by_name():
-    index = HashIndex([Block(BlockId(0))])
+    index = HashIndex(1)
     with pytest.raises(ValueError, match="a block hash is 16 bytes, got 4"):
         index.get(b"abcd")
     with pytest.raises(KeyError):
@@ -95,6 +86,6 @@ def test_a_hash_of_another_length_is_refused_by_name():
 
 def test_the_table_has_at_least_twice_the_slots_of_the_pool():
     for num_blocks in (0, 1, 12, 1000):
-        index = HashIndex([Block(BlockId(i)) for i in range(num_blocks)])
+        index = HashIndex(num_blocks)
         slots = int(repr(index).split(" of ")[1].split()[0])
         assert slots >= 2 * num_blocks and slots & (slots - 1) == 0

@@ -86,7 +86,7 @@ class IndexMirror:
         for executor_id, executor in core.executors.items():
             blocks = executor.pool.blocks
             assert self.index.get(executor_id) == {
-                h: (b.block_id, b.parent_hash, b.token_ids) for h, b in blocks.hash_index.items()}
+                h: (b.block_id, b.parent_hash, b.token_ids) for h, b in blocks.index_entries()}
             assert self.sizes[executor_id] == (executor.pool.num_blocks, executor.pool.block_size)
         for executor_id in set(self.index) - set(core.executors):
             assert self.index[executor_id] == {}, f"{executor_id} is gone but has entries"
@@ -239,7 +239,7 @@ def test_an_unreachable_entry_replaced_on_a_collision_is_removed_then_stored():
     step(core, "e", AllocateOp("s3", (7, 7, 7, 7, 2, 2, 2, 2, 0)),
          AppendOp("s3", num_computed_tokens=8))
     assert core.events.drain() == [stored(7, 5, h7, ROOT, (7, 7, 7, 7))]
-    assert {h: b.block_id for h, b in core.executors["e"].pool.blocks.hash_index.items()} == {
+    assert {h: b.block_id for h, b in core.executors["e"].pool.blocks.index_entries()} == {
         h2: 3, h7: 5}
 
 

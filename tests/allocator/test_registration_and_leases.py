@@ -1,6 +1,8 @@
 """Executor registration (validation, epochs, stale and unknown executors) and leases."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from allocator_service.core.allocator import Allocator
@@ -137,26 +139,31 @@ def test_step_renews_lease():
 # The allocator service keeps its pools out of the cyclic garbage collector (server/heap.py), so
 # a pool it drops must be freed by reference counting alone: its free list is unlinked.
 
-def unlinked(blocks) -> bool:
-    return all(block.prev_free is None and block.next_free is None for block in blocks)
+def only_this_test_holds(pool: object) -> bool:
+    """Nothing but the caller's name refers to `pool`: a pool makes no reference cycles (its
+    blocks are arrays of ids), so once the allocator lets go it is freed by reference counting
+    at once, never left for the cyclic collector, which the allocator keeps away from pools."""
+    return sys.getrefcount(pool) == 3  # the caller's name, this argument, getrefcount's own
 
 
-def test_a_reregistered_executors_old_pool_is_unlinked():
+def test_a_reregistered_executors_old_pool_is_freed_at_once():
     allocator, executor = registered()
-    old_blocks = list(executor.pool.blocks.blocks)
-    assert not unlinked(old_blocks)
+    old_pool = executor.pool
+    del executor
+    assert not only_this_test_holds(old_pool)
     allocator.register_executor("e", "host:1", NUM_BLOCKS, BLOCK_SIZE, "m")
-    assert unlinked(old_blocks)
+    assert only_this_test_holds(old_pool)
     assert allocator.executors["e"].pool.num_free_blocks == NUM_BLOCKS
 
 
-def test_a_reclaimed_pool_is_unlinked():
+def test_a_reclaimed_pool_is_freed_at_once():
     clock = FakeClock()
     allocator, executor = registered(clock=clock, lease_ttl_s=5.0)
-    blocks = list(executor.pool.blocks.blocks)
+    old_pool = executor.pool
+    del executor
     clock.now = 6.0
     assert allocator.expire_leases() == ["e"]
-    assert unlinked(blocks)
+    assert only_this_test_holds(old_pool)
 
 
 # -- executor indexes ------------------------------------------------------------------------------

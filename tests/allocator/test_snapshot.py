@@ -123,7 +123,7 @@ def test_busy_core_restores_every_block_sequence_and_counter():
     c0 = chain_hash(root, (100, 101, 102, 103))
     c1 = chain_hash(c0, (104, 105, 106, 107))
     assert {h: (b.block_id, b.parent_hash, b.token_ids, b.node_id, b.parent_key)
-            for h, b in pool.blocks.hash_index.items()} == {
+            for h, b in pool.blocks.index_entries()} == {
         h0: (0, root, (0, 1, 2, 3), 1, ""), h1: (1, h0, (4, 5, 6, 7), 2, 1),
         c0: (4, root, (100, 101, 102, 103), 3, ""), c1: (5, c0, (104, 105, 106, 107), 4, 3)}
     assert pool.blocks.last_node_id == 4
@@ -142,9 +142,8 @@ def test_busy_core_restores_every_block_sequence_and_counter():
     assert (d.block_ids(), d.num_tokens, d.unhashed_token_ids.tolist(), d.num_computed_tokens,
             d.num_hashed_blocks, d.chain_hash, d.chain_key, d.cache_salt) == (
         [6, 7, 8], 3, [200, 201, 202], 0, 0, root, "", "")
-    # The restored sequences hold the restored pool's own Block objects.
-    assert all(block is pool.blocks.blocks[block.block_id]
-               for seq in seqs.values() for block in seq.block_table)
+    # Every restored table entry is a block of the restored pool.
+    assert all(0 <= block < pool.num_blocks for seq in seqs.values() for block in seq.block_table)
 
     # Pool f: the reset dropped nodes 1 and 2; y chained block 3 onto node 2 afterwards.
     fpool = f.pool
@@ -153,7 +152,7 @@ def test_busy_core_restores_every_block_sequence_and_counter():
     y1 = chain_hash(y0, (3, 4))
     y2 = chain_hash(y1, (9, 7))
     assert {h: (b.block_id, b.parent_hash, b.token_ids, b.node_id, b.parent_key)
-            for h, b in fpool.blocks.hash_index.items()} == {y2: (3, y1, (9, 7), 3, 2)}
+            for h, b in fpool.blocks.index_entries()} == {y2: (3, y1, (9, 7), 3, 2)}
     assert fpool.blocks.last_node_id == 3
     assert free_ids(fpool) == [2, 4, 5, 6, 7]
     (y,) = fpool.sequences.values()
@@ -387,12 +386,13 @@ def pick(seqs, index: int):
     return sorted(seqs)[index % len(seqs)] if seqs else "nobody"
 
 
-def known_tokens(seq) -> tuple[int, ...]:
+def known_tokens(pool, seq) -> tuple[int, ...]:
     """A sequence's leading tokens as the core still holds them (it keeps none of those it
     hashed): its hashed blocks' cached tokens, up to the first that left the cache, and when
     none did, the tokens after them."""
     tokens: list[int] = []
-    for block in seq.block_table[:seq.num_hashed_blocks]:
+    for block_id in seq.block_table[:seq.num_hashed_blocks]:
+        block = pool.blocks.block(block_id)
         if block.token_ids is None:
             return tuple(tokens)
         tokens += block.token_ids
@@ -425,7 +425,8 @@ def run_action(core: Allocator, action: tuple):
     if kind == "allocate":
         _, _, n, prefix, tail, salt, lookahead, again = action
         if again and seqs:
-            prefix, salt = known_tokens(seqs[pick(seqs, n)]), seqs[pick(seqs, n)].cache_salt
+            seq = seqs[pick(seqs, n)]
+            prefix, salt = known_tokens(executor.pool, seq), seq.cache_salt
         ops = [AllocateOp(f"s{n}", tuple(prefix) + tuple(tail) or (0,), salt, lookahead)]
     elif kind == "append":
         _, _, n, tokens, lookahead, computed = action

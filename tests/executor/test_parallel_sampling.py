@@ -59,11 +59,11 @@ def test_fork_shares_the_prompt_blocks_instead_of_copying_them(checkpoint):
     pool = pool_of(engine)
     tables = [seq.block_table for seq in pool.sequences.values()]
     full_prompt_blocks = PROMPT_LEN // 16
-    shared = {table[0].block_id for table in tables}, {table[1].block_id for table in tables}
+    shared = {table[0] for table in tables}, {table[1] for table in tables}
     assert all(len(ids) == 1 for ids in shared), "the full prompt blocks are one copy"
-    assert all(table[0].ref_count == 4 for table in tables)
+    assert all(pool.blocks.ref_count(table[0]) == 4 for table in tables)
     # The partial third block was copied on write for all but one of the four writers.
-    thirds = {table[full_prompt_blocks].block_id for table in tables}
+    thirds = {table[full_prompt_blocks] for table in tables}
     assert len(thirds) == 4
     assert audit_pool("fan-out", pool) == []
     while engine.has_work():

@@ -25,11 +25,11 @@ def new_pool(hash_fn=hash_packed, fingerprint: str = "m") -> ExecutorPool:
 
 
 def free_ids(pool: ExecutorPool) -> list[int]:
-    return [block.block_id for block in pool.blocks.free_list()]
+    return pool.blocks.free_block_ids()
 
 
 def cached_ids(pool: ExecutorPool) -> list[int]:
-    return sorted(block.block_id for block in pool.blocks.hash_index.values())
+    return sorted(pool.blocks.hash_index.values())
 
 
 def table(pool: ExecutorPool, seq_id: str) -> list[int]:
@@ -44,7 +44,7 @@ def snapshot(pool: ExecutorPool):
                        seq.num_cached_tokens, seq.num_computed_tokens, seq.num_hashed_blocks,
                        seq.chain_hash, seq.chain_key)
                  for sid, seq in pool.sequences.items()}
-    index = {h: b.block_id for h, b in pool.blocks.hash_index.items()}
+    index = {h: b.block_id for h, b in pool.blocks.index_entries()}
     return (blocks, tuple(free_ids(pool)), pool.num_free_blocks, sequences, index,
             pool.prefix_query_tokens, pool.prefix_hit_tokens)
 
@@ -104,7 +104,7 @@ def _executor_state(core: Allocator, ex) -> dict:
                     b.node_id, b.parent_key) for b in blocks.blocks],
         "free_list": free_ids(pool),
         "hash_index": {h: (b.block_id, b.parent_hash, b.token_ids, b.node_id, b.parent_key)
-                       for h, b in blocks.hash_index.items()},
+                       for h, b in blocks.index_entries()},
         "last_node_id": blocks.last_node_id,
         "sequences": [(sid, seq.seq_id, seq.cache_salt, seq.block_ids(), seq.num_tokens,
                        list(seq.unhashed_token_ids), seq.num_cached_tokens, seq.num_computed_tokens, seq.num_hashed_blocks,
