@@ -15,19 +15,14 @@ and a reference to its parent's hash, each freed from cold memory when the prefi
 3.8 %). A record is one cache line's worth of plain integers, written and read by compiled
 loads and stores, and nothing is allocated or freed in a block's life.
 
-`Block` is what readers (audit, inspection, snapshots, tests) see: a view made on demand that
-reads and writes the record; the Step path never makes one.
+Readers (audit, inspection, snapshots, tests) see a block through a `Block` view
+(block_pool.py), made on demand; the Step path never makes one.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, NewType
+from typing import Final, NewType
 
 from mypy_extensions import i64
-
-from allocator_service.core.block_hash import BlockHash, PackedTokens, unpack_tokens
-
-if TYPE_CHECKING:
-    from allocator_service.core.block_pool import BlockPool
 
 BlockId = NewType("BlockId", int)
 
@@ -53,75 +48,3 @@ NOT_LINKED: Final[i64] = -1
 def split_prefix_key(key: PrefixKey) -> int:
     """The node id of a prefix key, 0 for a salt's root (snapshots store the one-value form)."""
     return key if isinstance(key, int) else 0
-
-
-class Block:
-    """A view of block `block_id` of `pool`. Two views of one block are equal."""
-
-    __slots__ = ("pool", "block_id")
-
-    def __init__(self, pool: BlockPool, block_id: BlockId) -> None:
-        self.pool = pool
-        self.block_id = block_id
-
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Block) and self.pool is other.pool
-                and self.block_id == other.block_id)
-
-    def __hash__(self) -> int:
-        return hash(self.block_id)
-
-    def __repr__(self) -> str:
-        return (f"Block({self.block_id}, ref_count={self.ref_count}, "
-                f"node_id={self.node_id}, cached={self.is_cached})")
-
-    @property
-    def ref_count(self) -> int:
-        return self.pool.ref_count(self.block_id)
-
-    @ref_count.setter
-    def ref_count(self, value: int) -> None:  # tests corrupt a pool to see the audit say so
-        self.pool.set_ref_count(self.block_id, value)
-
-    @property
-    def is_cached(self) -> bool:
-        return self.pool.is_cached(self.block_id)
-
-    @property
-    def block_hash(self) -> BlockHash | None:
-        return self.pool.hash_of(self.block_id) if self.is_cached else None
-
-    @property
-    def parent_hash(self) -> BlockHash | None:
-        return self.pool.parent_hash_of(self.block_id) if self.is_cached else None
-
-    @property
-    def tokens(self) -> PackedTokens | None:
-        return self.pool.tokens_of(self.block_id) if self.is_cached else None
-
-    @tokens.setter
-    def tokens(self, tokens: PackedTokens) -> None:  # tests corrupt a pool (see ref_count)
-        self.pool.set_tokens(self.block_id, tokens)
-
-    @property
-    def token_ids(self) -> tuple[int, ...] | None:
-        """The cached tokens as ints, for readers (snapshots, audits, tests)."""
-        tokens = self.tokens
-        return None if tokens is None else unpack_tokens(tokens)
-
-    @property
-    def node_id(self) -> int:
-        return self.pool.node_of(self.block_id)
-
-    @property
-    def parent_node(self) -> int:
-        return self.pool.parent_node_of(self.block_id)
-
-    @property
-    def root_salt(self) -> str:
-        return self.pool.root_salt_of(self.block_id)
-
-    @property
-    def parent_key(self) -> PrefixKey:
-        """The identity of the prefix before this block: its parent's node id, or the salt."""
-        return self.parent_node if self.parent_node else self.root_salt

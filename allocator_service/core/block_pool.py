@@ -14,9 +14,9 @@ from librt.vecs import vec
 from mypy_extensions import i32, i64
 
 from allocator_service.core.block import (HASH_HI, HASH_LO, NEXT, NODE, NOT_LINKED,
-                                          PARENT_NODE, PREV, RECORD, REF, Block, BlockId,
-                                          PrefixKey)
-from allocator_service.core.block_hash import BlockHash, HashFn, PackedTokens, hash_packed
+                                          PARENT_NODE, PREV, RECORD, REF, BlockId, PrefixKey)
+from allocator_service.core.block_hash import (BlockHash, HashFn, PackedTokens, hash_packed,
+                                               unpack_tokens)
 from allocator_service.core.free_block_queue import FreeBlockQueue
 from allocator_service.core.hash_index import ABSENT, HashIndex, hash_bytes, hash_hi, hash_lo
 from allocator_service.core.kv_events import PoolEvents
@@ -319,3 +319,76 @@ class BlockPool:
         for block in range(self._num_blocks + 2):
             records[block * RECORD + PREV] = records[block * RECORD + NEXT] = NOT_LINKED
         self.free_queue = FreeBlockQueue(records, self._num_blocks, block_ids)
+
+
+class Block:
+    """A view of block `block_id` of `pool`, for readers (audit, inspection, snapshots,
+    tests): it reads and writes the block's record. Two views of one block are equal."""
+
+    __slots__ = ("pool", "block_id")
+
+    def __init__(self, pool: BlockPool, block_id: BlockId) -> None:
+        self.pool = pool
+        self.block_id = block_id
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Block) and self.pool is other.pool
+                and self.block_id == other.block_id)
+
+    def __hash__(self) -> int:
+        return hash(self.block_id)
+
+    def __repr__(self) -> str:
+        return (f"Block({self.block_id}, ref_count={self.ref_count}, "
+                f"node_id={self.node_id}, cached={self.is_cached})")
+
+    @property
+    def ref_count(self) -> int:
+        return self.pool.ref_count(self.block_id)
+
+    @ref_count.setter
+    def ref_count(self, value: int) -> None:  # tests corrupt a pool to see the audit say so
+        self.pool.set_ref_count(self.block_id, value)
+
+    @property
+    def is_cached(self) -> bool:
+        return self.pool.is_cached(self.block_id)
+
+    @property
+    def block_hash(self) -> BlockHash | None:
+        return self.pool.hash_of(self.block_id) if self.is_cached else None
+
+    @property
+    def parent_hash(self) -> BlockHash | None:
+        return self.pool.parent_hash_of(self.block_id) if self.is_cached else None
+
+    @property
+    def tokens(self) -> PackedTokens | None:
+        return self.pool.tokens_of(self.block_id) if self.is_cached else None
+
+    @tokens.setter
+    def tokens(self, tokens: PackedTokens) -> None:  # tests corrupt a pool (see ref_count)
+        self.pool.set_tokens(self.block_id, tokens)
+
+    @property
+    def token_ids(self) -> tuple[int, ...] | None:
+        """The cached tokens as ints, for readers (snapshots, audits, tests)."""
+        tokens = self.tokens
+        return None if tokens is None else unpack_tokens(tokens)
+
+    @property
+    def node_id(self) -> int:
+        return self.pool.node_of(self.block_id)
+
+    @property
+    def parent_node(self) -> int:
+        return self.pool.parent_node_of(self.block_id)
+
+    @property
+    def root_salt(self) -> str:
+        return self.pool.root_salt_of(self.block_id)
+
+    @property
+    def parent_key(self) -> PrefixKey:
+        """The identity of the prefix before this block: its parent's node id, or the salt."""
+        return self.parent_node if self.parent_node else self.root_salt

@@ -22,7 +22,8 @@ from librt.vecs import vec
 from mypy_extensions import i32
 
 from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
-from allocator_service.core.block import Block, split_prefix_key
+from allocator_service.core.block import split_prefix_key
+from allocator_service.core.block_pool import Block
 from allocator_service.core.block_hash import BlockHash, PackedTokens, pack_tokens
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.sequence import Sequence
