@@ -251,6 +251,28 @@ class BlockPool:
         return [(block_hash, Block(self, BlockId(block)))
                 for block_hash, block in self.hash_index.items()]
 
+    def saved_blocks(self) -> list[tuple[int, int, bytes, bytes, bytes, int, PrefixKey]]:
+        """Every block in use or caching a prefix, as snapshots keep it: (id, ref_count, hash,
+        parent hash, tokens, node id, parent key), the last five b"" / 0 / "" for a block that
+        caches nothing. Read here, compiled, rather than through a view per block: a snapshot
+        reads every block of every pool (590,000 for 24 fleet pools)."""
+        saved: list[tuple[int, int, bytes, bytes, bytes, int, PrefixKey]] = []
+        records = self._records
+        for block in range(self._num_blocks):
+            at = block * RECORD
+            ref, node = records[at + REF], records[at + NODE]
+            if node != 0:
+                saved.append((block, ref, self.hash_of(block), self.parent_hash_of(block),
+                              self.tokens_of(block), node, self.parent_key_of(block)))
+            elif ref != 0:
+                saved.append((block, ref, b"", b"", b"", 0, ""))
+        return saved
+
+    def parent_key_of(self, block: int) -> PrefixKey:
+        """The identity of the prefix before the block: its parent's node id, or the salt."""
+        parent_node = self.parent_node_of(block)
+        return parent_node if parent_node else self.root_salt_of(block)
+
     def free_block_ids(self) -> list[int]:
         """The free list, head (taken first) to tail."""
         return self.free_queue.block_ids()
@@ -391,4 +413,4 @@ class Block:
     @property
     def parent_key(self) -> PrefixKey:
         """The identity of the prefix before this block: its parent's node id, or the salt."""
-        return self.parent_node if self.parent_node else self.root_salt
+        return self.pool.parent_key_of(self.block_id)

@@ -22,8 +22,7 @@ from librt.vecs import vec
 from mypy_extensions import i32
 
 from allocator_service.core.allocator import Allocator, RecordedStep, RegisteredExecutor
-from allocator_service.core.block import split_prefix_key
-from allocator_service.core.block_pool import Block
+from allocator_service.core.block import PrefixKey, split_prefix_key
 from allocator_service.core.block_hash import BlockHash, PackedTokens, pack_tokens
 from allocator_service.core.executor_pool import ExecutorPool
 from allocator_service.core.sequence import Sequence
@@ -121,19 +120,18 @@ def _capture_pool(pool: ExecutorPool) -> Json:
         "last_node_id": blocks.last_node_id,
         "prefix_query_tokens": pool.prefix_query_tokens,
         "prefix_hit_tokens": pool.prefix_hit_tokens,
-        "blocks": [_capture_block(block) for block in blocks.blocks
-                   if block.ref_count or block.block_hash is not None],
+        "blocks": [_capture_block(*saved) for saved in blocks.saved_blocks()],
         "free_list": _runs(blocks.free_block_ids()),
         "sequences": [_capture_sequence(seq) for seq in pool.sequences.values()],
     }
 
 
-def _capture_block(block: Block) -> list[Any]:
-    if block.block_hash is None:
-        return [block.block_id, block.ref_count]
-    assert block.parent_hash is not None and block.tokens is not None
-    return [block.block_id, block.ref_count, block.block_hash.hex(), block.parent_hash.hex(),
-            block.tokens.hex(), block.node_id, block.parent_key]
+def _capture_block(block_id: int, ref_count: int, block_hash: bytes, parent_hash: bytes,
+                   tokens: bytes, node_id: int, parent_key: PrefixKey) -> list[Any]:
+    if not node_id:
+        return [block_id, ref_count]
+    return [block_id, ref_count, block_hash.hex(), parent_hash.hex(), tokens.hex(), node_id,
+            parent_key]
 
 
 def _capture_sequence(seq: Sequence) -> Json:
