@@ -30,6 +30,11 @@ def validate_registration(limits: Limits, executor_id: str, address: str, num_bl
     if not 1 <= block_size <= limits.max_block_size:
         raise InvalidArgument(f"block_size must be between 1 and {limits.max_block_size}, "
                               f"got {block_size}")
+    if num_blocks * block_size > limits.max_pool_slots:
+        raise InvalidArgument(
+            f"num_blocks × block_size must be at most {limits.max_pool_slots} token slots, got "
+            f"{num_blocks} × {block_size} = {num_blocks * block_size}; at block_size "
+            f"{block_size} a pool may have {limits.max_blocks_of(block_size)} blocks")
 
 
 def validate_ops(limits: Limits, ops: Sequence[BlockOp]) -> None:

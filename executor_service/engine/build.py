@@ -116,7 +116,8 @@ def build_engine(directory: Path, options: EngineOptions, allocator: BlockAlloca
                        config.num_kv_heads, config.head_dim, dtype)
     if not spec.num_blocks:
         budget = kv_cache_bytes(model, spec, options, max_model_len, device)
-        spec = replace(spec, num_blocks=blocks_for_budget(budget, spec.bytes_per_block))
+        spec = replace(spec, num_blocks=blocks_for_budget(
+            budget, spec.bytes_per_block, Limits().max_blocks_of(spec.block_size)))
     num_blocks = spec.num_blocks
     max_model_len = served_window(max_model_len, explicit=options.max_model_len is not None,
                                   num_blocks=num_blocks, block_size=options.block_size,

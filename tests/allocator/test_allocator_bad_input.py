@@ -85,6 +85,10 @@ REQUEST_ERRORS = [
                  id="num_blocks-2**40"),
     pytest.param(_registration(block_size=0), Code.INVALID_ARGUMENT,
                  "block_size must be between 1 and 4096, got 0", id="block_size-zero"),
+    pytest.param(_registration(num_blocks=2**20, block_size=4096), Code.INVALID_ARGUMENT,
+                 "num_blocks × block_size must be at most 134217728 token slots, got 1048576 × "
+                 "4096 = 4294967296; at block_size 4096 a pool may have 32768 blocks",
+                 id="pool-slots-past-the-limit"),
     pytest.param(_registration(executor_id=""), Code.INVALID_ARGUMENT, "executor_id is empty",
                  id="executor_id-empty"),
     pytest.param(_registration(executor_id="e" * 257), Code.INVALID_ARGUMENT,

@@ -219,3 +219,15 @@ def test_a_negative_index_is_invalid():
     with pytest.raises(InvalidArgument, match="executor_index must be 0 or more .* got -1"):
         allocator.register_executor("e", "h", NUM_BLOCKS, BLOCK_SIZE, "m", executor_index=-1)
     assert allocator.executors == {}
+
+
+def test_a_pools_token_slots_are_bounded_and_executors_size_within_the_bound():
+    """The allocator keeps a token array of a pool's whole size, so a pool's slots are bounded,
+    and an executor sizing its cache from memory stays inside the bound at any block size."""
+    limits = Limits()
+    assert limits.max_blocks_of(16) == limits.max_num_blocks
+    assert limits.max_blocks_of(4096) == limits.max_pool_slots // 4096 == 32768
+    allocator = Allocator()
+    allocator.register_executor("e", "host:1", limits.max_blocks_of(4096), 4096, "m")
+    with pytest.raises(InvalidArgument, match="a pool may have 32768 blocks"):
+        allocator.register_executor("f", "host:1", 32769, 4096, "m")
