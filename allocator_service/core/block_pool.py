@@ -14,7 +14,8 @@ from librt.vecs import vec
 from mypy_extensions import i32, i64
 
 from allocator_service.core.block import (HASH_HI, HASH_LO, NEXT, NODE, NOT_LINKED,
-                                          PARENT_NODE, PREV, RECORD, REF, BlockId, PrefixKey)
+                                          PARENT_NODE, PREV, RECORD, REF, BlockId, PrefixKey,
+                                          split_prefix_key)
 from allocator_service.core.block_hash import (BlockHash, HashFn, PackedTokens, hash_packed,
                                                unpack_tokens)
 from allocator_service.core.free_block_queue import FreeBlockQueue
@@ -152,16 +153,8 @@ class BlockPool:
             if self.events is not None:
                 self.events.removed(existing, lo, hi)
             self._forget(existing)
-        records[at + HASH_LO] = lo
-        records[at + HASH_HI] = hi
-        self._parent_hashes[2 * block] = hash_lo(parent_hash)
-        self._parent_hashes[2 * block + 1] = hash_hi(parent_hash)
-        self._store_tokens(block, tokens)
-        records[at + PARENT_NODE] = parent_node
-        if parent_node == 0:
-            self._salts[block] = salt
         node = self._new_node_id()
-        records[at + NODE] = node
+        self._write_entry(block, lo, hi, parent_hash, tokens, parent_node, salt, node)
         if self.events is not None:
             self.events.stored(block, block_hash, parent_hash, tokens)
         return node
@@ -175,6 +168,21 @@ class BlockPool:
         return dropped
 
     # -- inside ----------------------------------------------------------------------------------
+
+    def _write_entry(self, block: i64, lo: i64, hi: i64, parent_hash: BlockHash,
+                     tokens: PackedTokens, parent_node: i64, salt: str, node: i64) -> None:
+        """Writes a cached prefix into the block's record and arrays (the index is the
+        caller's): node `node`, hash (lo, hi), after node `parent_node` or (0) salt's root."""
+        records, at = self._records, block * RECORD
+        records[at + HASH_LO] = lo
+        records[at + HASH_HI] = hi
+        self._parent_hashes[2 * block] = hash_lo(parent_hash)
+        self._parent_hashes[2 * block + 1] = hash_hi(parent_hash)
+        self._store_tokens(block, tokens)
+        records[at + PARENT_NODE] = parent_node
+        if parent_node == 0:
+            self._salts[block] = salt
+        records[at + NODE] = node
 
     def _has_parent(self, block: i64, parent_node: i64, salt: str) -> bool:
         """Whether the prefix before this block is node `parent_node`, or (0) salt's root."""
@@ -321,18 +329,9 @@ class BlockPool:
                       tokens: PackedTokens, node_id: int, parent_key: PrefixKey) -> None:
         """Makes the block the index's entry for a prefix, as a snapshot saved it."""
         lo, hi = hash_lo(block_hash), hash_hi(block_hash)
-        at = i64(block) * RECORD
-        self._records[at + HASH_LO] = lo
-        self._records[at + HASH_HI] = hi
-        self._parent_hashes[2 * i64(block)] = hash_lo(parent_hash)
-        self._parent_hashes[2 * i64(block) + 1] = hash_hi(parent_hash)
-        self._store_tokens(block, tokens)
-        self._records[at + NODE] = node_id
-        if isinstance(parent_key, int):
-            self._records[at + PARENT_NODE] = parent_key
-        else:
-            self._records[at + PARENT_NODE] = 0
-            self._salts[block] = parent_key
+        salt = "" if isinstance(parent_key, int) else parent_key
+        self._write_entry(block, lo, hi, parent_hash, tokens, split_prefix_key(parent_key), salt,
+                          node_id)
         self.hash_index.replace(lo, hi, block)
 
     def restore_free_list(self, block_ids: Iterable[int]) -> None:
