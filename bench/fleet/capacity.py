@@ -27,6 +27,13 @@ LEASE_TTL = "600"
 # this 2-core machine for seconds (durability.md). Their cost is measured apart (`snapshots` of
 # replay_point).
 NO_SNAPSHOTS = 10**9
+# Nor does the sweep's Redis rewrite its append-only file. Without snapshots the journal is
+# never trimmed, so each automatic rewrite (a forked child writing the whole dataset, at every
+# doubling of the file: ten times in a 50 s replay of 64 executors) copies more than the last,
+# and on 2 cores the child competes with the allocator and the driver: a 64-executor replay at
+# 20 ms had Redis answers of 7-19 ms and 9 stalls with rewrites, at most 3.5 ms and none without
+# (2026-11-28). A deployment's Redis does this on cores of its own; the replay with snapshots
+# (`snapshots` of replay_point) keeps Redis's default rewrites, to measure both together.
 # A snapshot's log line (allocator_service/durability/snapshot_writer.py).
 SNAPSHOT_LINE = re.compile(r"snapshot at \d+ written in (\d+) ms, by a child process forked in "
                            r"([\d.]+) ms")
@@ -110,14 +117,17 @@ def replay_point(streams: list[Path], executors: int, store: str, timing: Timing
                  ) -> ReplayResult:
     """One replay of `executors` executors against a fresh allocator with `store`, or a fresh
     allocator group of `shards` (durable ones share one Redis, a namespace each); Steps over
-    `transport` (replay.py's --transport). Durable allocators take no snapshot, unless
-    `snapshots` is given: then every `snapshots.every` commands, and it collects their times."""
+    `transport` (replay.py's --transport). Durable allocators take no snapshot and their Redis
+    does not rewrite its append-only file, unless `snapshots` is given: then they take one
+    every `snapshots.every` commands (it collects their times) and Redis rewrites at its
+    defaults."""
     result_path = work_dir / f"replay-{streams[0].stem}-{store}-{executors}-s{shards}.json"
     with ExitStack() as stack:
         args = ["--lease-ttl", LEASE_TTL]
         if store == "redis":
             redis_server = stack.enter_context(RedisProcess(
-                work_dir / f"redis-{executors}-s{shards}", appendfsync="everysec"))
+                work_dir / f"redis-{executors}-s{shards}", appendfsync="everysec",
+                aof_rewrite=snapshots is not None))
             every = snapshots.every if snapshots is not None else NO_SNAPSHOTS
             args += ["--state-url", redis_server.url, "--snapshot-every", str(every)]
         allocators = [stack.enter_context(AllocatorProcess(

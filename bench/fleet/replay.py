@@ -45,7 +45,7 @@ from bench.serve.stack import cpu_seconds
 from executor_service.step_channel_client import target_host
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.allocator_shards import balanced_owners, parse_allocator_group
-from pagedserve.protocol.step_frames import LENGTH, frame, hello_frame, payload_length, reply_body
+from pagedserve.protocol.step_frames import FrameReader, frame, hello_frame, reply_body
 
 TRANSPORTS = ("channel", "grpc")
 STEP_METHOD = "/pagedserve.allocator.v1.Allocator/Step"
@@ -90,32 +90,62 @@ class Window:
         return self.start <= moment < self.end
 
 
-class ChannelSteps:
-    """One replayed executor's connection to the Step channel: bytes in, bytes out, like the
-    RPC's bytes-level stub."""
+class ChannelSteps(asyncio.Protocol):
+    """One replayed executor's connection to the Step channel. An answer is timed when its
+    bytes are read, in the loop's callback for the socket, as the executor's own call thread
+    would wake on them: not when the awaiting coroutine resumes, which on a driver playing a
+    hundred executors can be a few hundred microseconds later, behind the other answers that
+    arrived in the same turn."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(self) -> None:
+        self.frames = FrameReader()
+        self.transport: asyncio.Transport
+        self._loop = asyncio.get_running_loop()
+        self._waiting: asyncio.Future[tuple[bytes, float]] | None = None
 
     @classmethod
     async def open(cls, host: str, port: int, executor_id: str) -> ChannelSteps:
-        reader, writer = await asyncio.open_connection(host, port)
-        steps = cls(reader, writer)
-        writer.write(hello_frame(executor_id))
-        await steps.reply()
+        _, steps = await asyncio.get_running_loop().create_connection(cls, host, port)
+        await steps.send(hello_frame(executor_id))
         return steps
 
-    async def __call__(self, body: bytes) -> bytes:
-        self.writer.write(frame(body))
-        return await self.reply()
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
 
-    async def reply(self) -> bytes:
-        length = payload_length(await self.reader.readexactly(LENGTH.size))
-        return reply_body(await self.reader.readexactly(length))
+    def data_received(self, data: bytes) -> None:
+        answered_at = self._loop.time()
+        for payload in self.frames.feed(data):
+            waiting, self._waiting = self._waiting, None
+            if waiting is not None and not waiting.done():
+                waiting.set_result((payload, answered_at))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_exception(exc or ConnectionError("the Step channel closed"))
+
+    async def __call__(self, body: bytes) -> tuple[bytes, float]:
+        return await self.send(frame(body))
+
+    async def send(self, data: bytes) -> tuple[bytes, float]:
+        """Writes `data` and waits for the one reply (the client has one Step in flight)."""
+        self._waiting = self._loop.create_future()
+        self.transport.write(data)
+        payload, answered_at = await self._waiting
+        return reply_body(payload), answered_at
 
     async def close(self) -> None:
-        self.writer.close()
-        await self.writer.wait_closed()
+        self.transport.close()
+
+
+class RpcSteps:
+    """Step RPCs, bytes in and bytes out; an answer is timed when the call returns."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.call = channel.unary_unary(STEP_METHOD)
+
+    async def __call__(self, body: bytes) -> tuple[bytes, float]:
+        answer = await self.call(body)
+        return answer, asyncio.get_running_loop().time()
 
 
 async def play(channel: grpc.aio.Channel, target: str, stream: StepStream, executor_id: str,
@@ -128,12 +158,13 @@ async def play(channel: grpc.aio.Channel, target: str, stream: StepStream, execu
     await asyncio.sleep(max(0.0, start - loop.time()))
     registered = await register(stream.register_request(executor_id))
     epoch = registered.epoch
+    step: ChannelSteps | RpcSteps
     if transport == "channel" and registered.step_channel_port:
         step = await ChannelSteps.open(target_host(target), registered.step_channel_port,
                                        executor_id)
         result.channel_executors += 1
     else:
-        step = channel.unary_unary(STEP_METHOD)  # bytes in, bytes out
+        step = RpcSteps(channel)
     try:
         await play_steps(step, stream, executor_id, epoch, window, result)
     finally:
@@ -141,8 +172,10 @@ async def play(channel: grpc.aio.Channel, target: str, stream: StepStream, execu
             await step.close()
 
 
-async def play_steps(step: Callable[[bytes], Awaitable[bytes]], stream: StepStream,
-                     executor_id: str, epoch: int, window: Window, result: ReplayResult) -> None:
+async def play_steps(step: Callable[[bytes], Awaitable[tuple[bytes, float]]],
+                     stream: StepStream, executor_id: str, epoch: int, window: Window,
+                     result: ReplayResult) -> None:
+    """`step` sends a Step's bytes and gives its answer's bytes and when they arrived."""
     loop = asyncio.get_running_loop()
     begun = loop.time()
     for step_id, recorded in enumerate(stream.steps, start=1):
@@ -152,8 +185,8 @@ async def play_steps(step: Callable[[bytes], Awaitable[bytes]], stream: StepStre
         sent = loop.time()
         if sent >= window.end:
             return
-        answer = await step(step_body(executor_id, epoch, step_id, recorded.ops))
-        latency = loop.time() - sent
+        answer, answered_at = await step(step_body(executor_id, epoch, step_id, recorded.ops))
+        latency = answered_at - sent
         if not window.holds(sent):
             continue
         result.steps += 1

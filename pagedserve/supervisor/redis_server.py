@@ -10,7 +10,9 @@
 Redis is configured on the command line only (no config file), so a test sees every setting in
 one place and nothing from /etc/redis leaks in. By default the append-only file is on with
 `appendfsync always` and RDB snapshots are off, so what survives a `kill()` is exactly what Redis
-acknowledged. Redis 7 keeps the append-only file as several files under `<data_dir>/appendonlydir/`;
+acknowledged. `aof_rewrite=False` turns off Redis's automatic rewrites of that file (a forked
+child that writes the whole dataset, each time the file has doubled), for a benchmark whose data
+only grows. Redis 7 keeps the append-only file as several files under `<data_dir>/appendonlydir/`;
 a restart reuses the same data dir, so the data comes back.
 
 Redis logs to `<data_dir>/redis.log`. Errors it meets before it opens that file (a bad argument,
@@ -74,12 +76,13 @@ class RedisProcess:
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, appendonly: bool = True,
-                 appendfsync: str = "always", save: str = "",
+                 appendfsync: str = "always", save: str = "", aof_rewrite: bool = True,
                  startup_timeout_s: float = 15.0) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.save = save
+        self.aof_rewrite = aof_rewrite
         self.startup_timeout_s = startup_timeout_s
         self.log_path = self.data_dir / LOG_NAME
         self.process: subprocess.Popen[str] | None = None
@@ -129,6 +132,8 @@ class RedisProcess:
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", self.appendfsync,
             "--save", self.save,  # "" turns RDB snapshots off (also the one at shutdown)
+            # 0 turns the automatic rewrites off; 100 (Redis's default): at each doubling.
+            "--auto-aof-rewrite-percentage", "100" if self.aof_rewrite else "0",
             "--protected-mode", "no",
             "--daemonize", "no",  # we need the pid we started to be the server's
             "--logfile", str(self.log_path),

@@ -70,6 +70,14 @@ def test_without_persistence_data_is_gone_after_kill_and_restart(tmp_path: Path)
         assert server.client().dbsize() == 0
 
 
+def test_automatic_aof_rewrites_are_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    with RedisProcess(tmp_path / "default") as default, \
+            RedisProcess(tmp_path / "off", aof_rewrite=False) as off:
+        setting = "auto-aof-rewrite-percentage"
+        assert default.client().config_get(setting) == {setting: "100"}
+        assert off.client().config_get(setting) == {setting: "0"}
+
+
 def test_client_command_raises_connection_error_while_stopped(tmp_path: Path) -> None:
     with RedisProcess(tmp_path) as server:
         # redis-py's default Retry (10 tries, jittered backoff up to 1 s) would take ~4 s to give
