@@ -73,8 +73,9 @@ class KvEvent:
 #             tokens i32 length + packed tokens
 #   REMOVED   block_id i32, hash u8 length + bytes
 #   RESET     reason i32 length + UTF-8, num_blocks i64, block_size i64
-# A batch starts with an EXECUTOR record; readers get each event as a tuple of plain values
-# (`records`), the form the JSON writer (event_json.py) and `unpack` read:
+# A batch starts with an EXECUTOR record, so it reads on its own: a durable allocator writes it
+# to its Redis events stream as it is (durability/redis_codec.py). Readers get each event as a
+# tuple of plain values (`records`), the form `unpack` reads:
 #   (seq, BLOCK_STORED, executor, block_id, block_hash, parent_hash, tokens)
 #   (seq, BLOCK_REMOVED, executor, block_id, block_hash)
 #   (seq, POOL_RESET, executor, reason, num_blocks, block_size)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,9 +127,14 @@ def replay_point(streams: list[Path], executors: int, store: str, timing: Timing
     with ExitStack() as stack:
         args = ["--lease-ttl", LEASE_TTL]
         if store == "redis":
+            # A data directory of its own: one that an earlier replay at the same N wrote would
+            # be loaded first (seconds for a file never rewritten), and its state with it.
+            redis_dir = tempfile.mkdtemp(prefix=f"redis-{executors}-s{shards}-", dir=work_dir)
+            # Removed once Redis stopped (registered first, so it runs last): a file that is
+            # never rewritten grows by gigabytes in one replay.
+            stack.callback(shutil.rmtree, redis_dir, ignore_errors=True)
             redis_server = stack.enter_context(RedisProcess(
-                work_dir / f"redis-{executors}-s{shards}", appendfsync="everysec",
-                aof_rewrite=snapshots is not None))
+                Path(redis_dir), appendfsync="everysec", aof_rewrite=snapshots is not None))
             every = snapshots.every if snapshots is not None else NO_SNAPSHOTS
             args += ["--state-url", redis_server.url, "--snapshot-every", str(every)]
         allocators = [stack.enter_context(AllocatorProcess(

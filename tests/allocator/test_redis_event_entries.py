@@ -1,11 +1,12 @@
 """The events stream's entries as docs/durability.md describes them, written and read by the
-allocator's codec: every event type survives the round trip, the JSON is what a reader of the
-docs expects, and entries written before the tokens were packed still read."""
+allocator's codec: every event type survives the round trip, the records are what a reader of
+the docs expects, and entries written as JSON (before 2026-11-28), and before the tokens were
+packed, still read."""
 from __future__ import annotations
 
 import json
+import struct
 
-from allocator_service.core.block_hash import pack_tokens
 from allocator_service.core.kv_events import KvEvent, KvEventType, PoolResetReason, pack
 from allocator_service.durability import redis_codec
 
@@ -24,9 +25,9 @@ def entry(events: list[KvEvent]) -> tuple[bytes, dict[bytes, bytes]]:
     """The entry as Redis hands it back: its id and its fields."""
     command = redis_codec.events_xadd(KEYS, pack(events), None)
     assert command[:2] == ("XADD", KEYS.events)
-    *_, entry_id, count_name, count, events_name, body = command
-    assert (count_name, events_name) == (b"count", b"events")
-    return str(entry_id).encode(), {b"count": str(count).encode(), b"events": body}
+    *_, entry_id, count_name, count, packed_name, body = command
+    assert (count_name, packed_name) == (b"count", b"packed")
+    return str(entry_id).encode(), {b"count": str(count).encode(), b"packed": body}
 
 
 def test_every_event_type_reads_back_as_written():
@@ -36,9 +37,22 @@ def test_every_event_type_reads_back_as_written():
     assert redis_codec.events_from_entry(entry_id, fields) == EVENTS
 
 
-def test_the_json_is_the_documented_one():
+def test_the_records_are_the_documented_ones():
     _, fields = entry(EVENTS)
-    assert json.loads(fields[b"events"]) == [
+    tricky = 'tricky "id"\n'.encode()
+    tokens = struct.pack("<4I", 0, 1, 70000, 2**31 - 1)
+    assert fields[b"packed"] == b"".join([
+        b"\x00", struct.pack("<i", len(tricky)), tricky,
+        b"\x03", struct.pack("<i", 10), b"registered", struct.pack("<qq", 64, 4),
+        b"\x00", struct.pack("<i", 3), b"e-1",
+        b"\x01", struct.pack("<i", 3), b"\x10", bytes(range(16)), b"\x10", bytes(range(16, 32)),
+        struct.pack("<i", 16), tokens,
+        b"\x02", struct.pack("<i", 3), b"\x10", bytes(range(16)),
+        b"\x03", struct.pack("<i", 13), b"lease_expired", struct.pack("<qq", 0, 0)])
+
+
+def test_an_entry_written_as_json_still_reads():
+    written = [
         {"type": "PoolReset", "executor": 'tricky "id"\n', "reason": "registered",
          "num_blocks": 64, "block_size": 4},
         {"type": "BlockStored", "executor": "e-1", "block": 3, "hash": bytes(range(16)).hex(),
@@ -48,8 +62,8 @@ def test_the_json_is_the_documented_one():
         {"type": "PoolReset", "executor": "e-1", "reason": "lease_expired", "num_blocks": 0,
          "block_size": 0},
     ]
-    assert bytes.fromhex(json.loads(fields[b"events"])[1]["packed_tokens"]) == pack_tokens(
-        (0, 1, 70000, 2**31 - 1))
+    assert redis_codec.events_from_entry(
+        b"7-0", {b"count": b"4", b"events": json.dumps(written).encode()}) == EVENTS
 
 
 def test_an_entry_written_before_the_tokens_were_packed_still_reads():

@@ -3,7 +3,6 @@ read a durable allocator's whole observable state (admin API, events, and Redis 
 states before and after a crash compare with ==."""
 from __future__ import annotations
 
-import json
 import struct
 
 import time
@@ -179,40 +178,56 @@ def rpc_events(admin: pb_grpc.AllocatorAdminStub, from_seq: int = 0) -> list[pb.
     return events
 
 
-EVENT_TYPES = {"BlockStored": STORED, "BlockRemoved": REMOVED, "PoolReset": POOL_RESET}
-EVENT_FIELDS = {
-    STORED: {"type", "executor", "block", "hash", "parent", "packed_tokens"},
-    REMOVED: {"type", "executor", "block", "hash"},
-    POOL_RESET: {"type", "executor", "reason", "num_blocks", "block_size"},
-}
+# The type byte of each record of an entry's `packed` field (docs/durability.md).
+EXECUTOR_RECORD = 0
 
 
 def redis_events(client: redis.Redis, namespace: str = NAMESPACE) -> list[pb.KvEvent]:
     """The events stream read straight from Redis and decoded as docs/durability.md describes
-    it (not with the allocator's own codec): one entry per command, its id the number of its
-    first event, fields `count` and `events` (a JSON array)."""
+    it (with `struct`, not the allocator's own codec): one entry per command, its id the number
+    of its first event, fields `count` and `packed` (little-endian records)."""
     events = []
     for entry_id, fields in client.xrange(f"{namespace}:events"):
         first, sub = entry_id.split(b"-")
-        assert sub == b"0" and set(fields) == {b"count", b"events"}, (entry_id, fields)
-        items = json.loads(fields[b"events"])
-        assert len(items) == int(fields[b"count"]) > 0
-        for offset, item in enumerate(items):
-            kind = EVENT_TYPES[item["type"]]
-            assert set(item) == EVENT_FIELDS[kind], (entry_id, item)
-            event = pb.KvEvent(seq=int(first) + offset, type=kind, executor_id=item["executor"])
-            if kind == POOL_RESET:
-                event.reason = item["reason"]
-                event.num_blocks = item["num_blocks"]
-                event.block_size = item["block_size"]
-            else:
-                event.block_id = item["block"]
-                event.block_hash = bytes.fromhex(item["hash"])
-            if kind == STORED:
-                event.parent_block_hash = bytes.fromhex(item["parent"])
-                packed = bytes.fromhex(item["packed_tokens"])  # little-endian uint32 ids
-                event.token_ids.extend(struct.unpack(f"<{len(packed) // 4}I", packed))
-            events.append(event)
+        assert sub == b"0" and set(fields) == {b"count", b"packed"}, (entry_id, fields)
+        entry = _packed_entry_events(int(first), fields[b"packed"])
+        assert len(entry) == int(fields[b"count"]) > 0
+        events += entry
+    return events
+
+
+def _packed_entry_events(first_seq: int, data: bytes) -> list[pb.KvEvent]:
+    events: list[pb.KvEvent] = []
+    at, executor = 0, None
+
+    def take(size: int) -> bytes:
+        nonlocal at
+        assert at + size <= len(data), f"a record runs past the entry ({at} + {size})"
+        at += size
+        return data[at - size:at]
+
+    def i32() -> int:
+        return struct.unpack("<i", take(4))[0]
+
+    while at < len(data):
+        kind = take(1)[0]
+        if kind == EXECUTOR_RECORD:
+            executor = take(i32()).decode()
+            continue
+        assert executor is not None, "an entry starts with its executor"
+        event = pb.KvEvent(seq=first_seq + len(events), type=kind, executor_id=executor)
+        if kind == POOL_RESET:
+            event.reason = take(i32()).decode()
+            event.num_blocks, event.block_size = struct.unpack("<qq", take(16))
+        else:
+            assert kind in (STORED, REMOVED), kind
+            event.block_id = i32()
+            event.block_hash = take(take(1)[0])
+        if kind == STORED:
+            event.parent_block_hash = take(take(1)[0])
+            packed = take(i32())  # the token ids as little-endian uint32
+            event.token_ids.extend(struct.unpack(f"<{len(packed) // 4}I", packed))
+        events.append(event)
     return events
 
 
