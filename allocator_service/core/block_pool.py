@@ -281,6 +281,25 @@ class BlockPool:
         parent_node = self.parent_node_of(block)
         return parent_node if parent_node else self.root_salt_of(block)
 
+    def usage(self) -> tuple[int, int, dict[int, int]]:
+        """In one pass over the records: the blocks that have holders, the free blocks still
+        caching a prefix, and how many blocks with holders have each ref count. For the admin's
+        stats, which run under the state's lock: a view of every block took 41-60 ms a pool of
+        24,576 blocks, about 5 s for a fleet of 128 pools."""
+        records = self._records
+        used: i64 = 0
+        cached_free: i64 = 0
+        histogram: dict[int, int] = {}
+        for block in range(self._num_blocks):
+            at = block * RECORD
+            ref = records[at + REF]
+            if ref > 0:
+                used += 1
+                histogram[int(ref)] = histogram.get(int(ref), 0) + 1
+            elif records[at + NODE] != 0:
+                cached_free += 1
+        return int(used), int(cached_free), histogram
+
     def free_block_ids(self) -> list[int]:
         """The free list, head (taken first) to tail."""
         return self.free_queue.block_ids()
