@@ -22,7 +22,7 @@ MANIFEST = BUILD_DIR / "manifest.json"
 GROUP_NAME = "allocator_service.core.compiled"
 # The modules a Step runs through; the rest of the core (audit, inspection, errors) is not hot.
 COMPILED_MODULES = tuple(f"allocator_service.core.{name}" for name in (
-    "allocator", "block", "block_hash", "block_pool", "executor_pool",
+    "allocator", "audit", "block", "block_hash", "block_pool", "executor_pool",
     "free_block_queue", "hash_index", "kv_events", "sequence", "step_wire", "validation"))
 CHOICE_ENV = "PAGEDSERVE_ALLOCATOR_CORE"
 

@@ -76,10 +76,20 @@ class AllocatorAdminServicer(pb_grpc.AllocatorAdminServicer):
 
     def Audit(self, request: pb.AuditRequest, context: grpc.ServicerContext) -> pb.AuditResponse:
         with self.state.reading() as core:
-            executors = core.sorted_executors()
-            violations = [v for ex in executors for v in audit_pool(ex.executor_id, ex.pool)]
-            num_blocks = sum(ex.pool.num_blocks for ex in executors)
-        return pb.AuditResponse(violations=violations, num_pools=len(executors),
+            executor_ids = [ex.executor_id for ex in core.sorted_executors()]
+        violations: list[str] = []
+        num_pools = num_blocks = 0
+        for executor_id in executor_ids:
+            # One pool per hold of the lock: every invariant is a pool's own, and Steps then
+            # wait for one pool's audit (tens of ms), not for a fleet's (seconds).
+            with self.state.reading() as core:
+                executor = core.executors.get(executor_id)
+                if executor is None:   # gone meanwhile (its lease lapsed)
+                    continue
+                violations += audit_pool(executor_id, executor.pool)
+                num_pools += 1
+                num_blocks += executor.pool.num_blocks
+        return pb.AuditResponse(violations=violations, num_pools=num_pools,
                                 num_blocks=num_blocks)
 
     def ResetPrefixCache(self, request: pb.ResetPrefixCacheRequest,
