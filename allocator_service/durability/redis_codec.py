@@ -2,8 +2,11 @@
 
     {ns}:journal    stream, entry id "<seq>-0", fields kind, body: every command since the
                     snapshot, in order (see commands.py)
-    {ns}:snapshot   string: zlib-compressed JSON of the whole state at seq `snapshot_seq`
+    {ns}:snapshot   list: zlib-compressed JSON of the whole state at seq `snapshot_seq`, in
+                    pieces of at most SNAPSHOT_PIECE bytes (a string, before 2026-11-28)
     {ns}:meta       hash: snapshot_seq, format
+    {ns}:snapshot:next  list: a snapshot being written, a piece per command, then renamed to
+                    {ns}:snapshot (snapshot_writer.py)
     {ns}:events     stream capped at about --events-max events: one entry per command (a
                     Step's events go in one XADD), entry id "<seq of its first event>-0",
                     fields count and packed (below)
@@ -34,11 +37,33 @@ class Keys:
     snapshot: str
     meta: str
     events: str
+    snapshot_next: str
 
     @classmethod
     def under(cls, namespace: str) -> Keys:
         return cls(f"{namespace}:journal", f"{namespace}:snapshot", f"{namespace}:meta",
-                   f"{namespace}:events")
+                   f"{namespace}:events", f"{namespace}:snapshot:next")
+
+
+# A snapshot is stored in pieces of at most this many bytes, each its own list element: see
+# snapshot_writer.write_if_newer for why.
+SNAPSHOT_PIECE = 1 << 20
+
+
+def snapshot_pieces(blob: bytes) -> list[bytes]:
+    return [blob[start:start + SNAPSHOT_PIECE]
+            for start in range(0, max(1, len(blob)), SNAPSHOT_PIECE)]
+
+
+def read_snapshot(client: redis.Redis, key: str) -> bytes | None:
+    """The stored snapshot's bytes (its pieces joined), or None when there is none. A snapshot
+    stored as one string (before 2026-11-28) reads too."""
+    kind = client.type(key)
+    if kind in (b"string", "string"):
+        return client.get(key)  # type: ignore[return-value]
+    if kind in (b"list", "list"):
+        return b"".join(client.lrange(key, 0, -1))  # type: ignore[arg-type]
+    return None
 
 
 def entry_id(seq: int) -> str:

@@ -128,7 +128,7 @@ class RedisStore(StateStore):
         self._server_run_id = None
         snapshot_seq = int(self.client.hget(self.keys.meta, "snapshot_seq") or 0)
         if snapshot_seq:
-            blob = self.client.get(self.keys.snapshot)
+            blob = redis_codec.read_snapshot(self.client, self.keys.snapshot)
             if blob is None:
                 raise commands.CorruptJournal(f"{self.keys.meta} names snapshot {snapshot_seq} "
                                               f"but {self.keys.snapshot} is missing")

@@ -128,7 +128,7 @@ class CrashLoop:
         time.sleep(0.2)  # its log line follows the write
         if written := SNAPSHOT_LINE.search(self.allocator.stderr_tail(500)):
             self.results.snapshot_written_ms = float(written.group(2))
-        blob = self.store_client.get(KEYS.snapshot) or b""
+        blob = redis_codec.read_snapshot(self.store_client, KEYS.snapshot) or b""
         self.results.snapshot_bytes = len(blob)
         self.results.snapshot_json_bytes = len(zlib.decompress(blob))
 

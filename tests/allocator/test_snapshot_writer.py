@@ -13,6 +13,7 @@ import pytest
 
 from allocator_service.core.allocator import Allocator
 from allocator_service.durability import redis_codec, snapshot
+from allocator_service.durability.redis_codec import SNAPSHOT_PIECE, read_snapshot
 from allocator_service.durability.snapshot_writer import (CAN_FORK, SnapshotTarget, SnapshotWriter,
                                                           write_if_newer)
 from bench.durability.recovery import SNAPSHOT_LINE as DURABILITY_SNAPSHOT_LINE
@@ -33,7 +34,7 @@ def busy_core() -> Allocator:
 
 
 def stored(client) -> tuple[int, dict | None]:
-    blob = client.get(KEYS.snapshot)
+    blob = read_snapshot(client, KEYS.snapshot)
     return (int(client.hget(KEYS.meta, "snapshot_seq") or 0),
             None if blob is None else redis_codec.decode_snapshot(blob))
 
@@ -102,6 +103,28 @@ def test_older_snapshot_never_replaces_a_newer_one(redis_server, writer, caplog)
     assert stored(client) == (9, {"newer": True})
     assert writer.written_seq == 0
     assert not [r for r in caplog.records if "snapshot at 6" in r.getMessage()]
+
+
+def test_a_large_snapshot_reaches_redis_in_pieces_then_renamed_into_place(redis_server):
+    """A snapshot of several pieces: Redis sees an RPUSH per piece (each one write into its
+    append-only file), then the rename; it reads back whole, and a snapshot that lost to a
+    newer one leaves nothing behind. One stored as a string (before 2026-11-28) still reads."""
+    client = redis_server.client()
+    blob = bytes(range(256)) * (SNAPSHOT_PIECE * 5 // 2 // 256)   # two and a half pieces
+    client.config_resetstat()
+    assert write_if_newer(client, KEYS, 7, blob)
+    stats = client.info("commandstats")
+    assert stats["cmdstat_rpush"]["calls"] == 3 and stats["cmdstat_rename"]["calls"] == 1
+    assert "cmdstat_set" not in stats and "cmdstat_append" not in stats
+    assert client.llen(KEYS.snapshot) == 3 and read_snapshot(client, KEYS.snapshot) == blob
+    assert int(client.hget(KEYS.meta, "snapshot_seq")) == 7
+    assert not client.exists(KEYS.snapshot_next)
+
+    assert not write_if_newer(client, KEYS, 5, b"older")   # refused before writing a piece
+    assert read_snapshot(client, KEYS.snapshot) == blob
+    assert not client.exists(KEYS.snapshot_next)
+    client.set(KEYS.snapshot, b"one string")
+    assert read_snapshot(client, KEYS.snapshot) == b"one string"
 
 
 def test_child_refuses_a_redis_that_restarted_since(redis_server, writer, caplog):
