@@ -6,9 +6,11 @@
     commit_many     the same for commands N..N+k-1 in one MULTI (the Step channel's Steps
                     that arrived together: one round trip for all of them)
     every --snapshot-every commands, from a forked copy of the process (snapshot_writer.py)
-                    MULTI  SET snapshot <state at seq S>; HSET meta snapshot_seq S;
+                    RPUSH snapshot:next <a piece of the state at seq S>, a piece at a time
+                    MULTI  RENAME snapshot:next snapshot; HSET meta snapshot_seq S;
                            XTRIM journal MINID S+1   EXEC
-    load            GET snapshot, then replay the journal after it, in order, without gaps
+    load            the snapshot's pieces, then replay the journal after it, in order, without
+                    gaps
 
 When a commit fails (Redis unreachable) its commands have already changed memory: they are kept
 as *pending*, every further change is refused with UNAVAILABLE, and the watchdog calls
