@@ -58,7 +58,9 @@ MAX_REPORT_BYTES = 4096
 
 def add_snapshot(pipe: Any, keys: redis_codec.Keys, seq: int, blob: bytes) -> None:
     """The writes of a snapshot at `seq`, queued on a transaction: the snapshot, its number, and
-    the journal trimmed to the entries after it."""
+    the journal trimmed to the entries after it. All in one command's worth of Redis's time: for
+    the rare snapshot a reseed writes under the state lock; a child writes piece by piece
+    (write_if_newer)."""
     pipe.delete(keys.snapshot)
     pipe.rpush(keys.snapshot, *redis_codec.snapshot_pieces(blob))
     pipe.hset(keys.meta, mapping={"snapshot_seq": seq, "format": snapshot.FORMAT_VERSION})
