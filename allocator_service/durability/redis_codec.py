@@ -55,6 +55,12 @@ def snapshot_pieces(blob: bytes) -> list[bytes]:
             for start in range(0, max(1, len(blob)), SNAPSHOT_PIECE)]
 
 
+def stored_snapshot_seq(client: Any, keys: Keys) -> int:
+    """The journal entry the stored snapshot was taken at; 0 when there is none. `client` may
+    be a pipeline in immediate mode (after WATCH)."""
+    return int(client.hget(keys.meta, "snapshot_seq") or 0)
+
+
 def read_snapshot(client: redis.Redis, key: str) -> bytes | None:
     """The stored snapshot's bytes (its pieces joined), or None when there is none. A snapshot
     stored as one string (before 2026-11-28) reads too."""

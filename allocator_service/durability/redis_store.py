@@ -128,7 +128,7 @@ class RedisStore(StateStore):
 
     def _load(self, core: Allocator) -> None:
         self._server_run_id = None
-        snapshot_seq = int(self.client.hget(self.keys.meta, "snapshot_seq") or 0)
+        snapshot_seq = redis_codec.stored_snapshot_seq(self.client, self.keys)
         if snapshot_seq:
             blob = redis_codec.read_snapshot(self.client, self.keys.snapshot)
             if blob is None:
@@ -316,7 +316,7 @@ class RedisStore(StateStore):
         self.snapshots.mark_written(self.applied_seq)
 
     def _stored_seq(self) -> int:
-        snapshot_seq = int(self.client.hget(self.keys.meta, "snapshot_seq") or 0)
+        snapshot_seq = redis_codec.stored_snapshot_seq(self.client, self.keys)
         last = self.client.xrevrange(self.keys.journal, count=1)
         return max(snapshot_seq, redis_codec.seq_of(last[0][0]) if last else 0)
 

@@ -63,6 +63,12 @@ def add_snapshot(pipe: Any, keys: redis_codec.Keys, seq: int, blob: bytes) -> No
     (write_if_newer)."""
     pipe.delete(keys.snapshot)
     pipe.rpush(keys.snapshot, *redis_codec.snapshot_pieces(blob))
+    _number_snapshot(pipe, keys, seq)
+
+
+def _number_snapshot(pipe: Any, keys: redis_codec.Keys, seq: int) -> None:
+    """Queues, behind the writes that put the snapshot at `seq` in place, its number and the
+    journal trimmed to the entries after it."""
     pipe.hset(keys.meta, mapping={"snapshot_seq": seq, "format": snapshot.FORMAT_VERSION})
     pipe.xtrim(keys.journal, minid=redis_codec.entry_id(seq + 1), approximate=False)
 
@@ -77,18 +83,17 @@ def write_if_newer(client: redis.Redis, keys: redis_codec.Keys, seq: int, blob: 
     (Redis's `LATENCY LATEST`: aof-write, 22 executors at 20 ms), and every commit with it.
     Not APPENDs to one string: past a few MB each APPEND copied the string so far (10-27 ms
     apiece in Redis's slow log); a list element is written where it is."""
-    if _stored_snapshot_seq(client, keys) >= seq:
+    if redis_codec.stored_snapshot_seq(client, keys) >= seq:
         return False
     client.delete(keys.snapshot_next)
     for piece in redis_codec.snapshot_pieces(blob):
         client.rpush(keys.snapshot_next, piece)
     with client.pipeline(transaction=True) as pipe:
         pipe.watch(keys.meta)
-        if _stored_snapshot_seq(pipe, keys) < seq:
+        if redis_codec.stored_snapshot_seq(pipe, keys) < seq:
             pipe.multi()
             pipe.rename(keys.snapshot_next, keys.snapshot)
-            pipe.hset(keys.meta, mapping={"snapshot_seq": seq, "format": snapshot.FORMAT_VERSION})
-            pipe.xtrim(keys.journal, minid=redis_codec.entry_id(seq + 1), approximate=False)
+            _number_snapshot(pipe, keys, seq)
             try:
                 pipe.execute()
                 return True
@@ -96,10 +101,6 @@ def write_if_newer(client: redis.Redis, keys: redis_codec.Keys, seq: int, blob: 
                 pass
     client.delete(keys.snapshot_next)
     return False
-
-
-def _stored_snapshot_seq(client: Any, keys: redis_codec.Keys) -> int:
-    return int(client.hget(keys.meta, "snapshot_seq") or 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,7 @@ def journaled(targets: list[Target], results: Results) -> None:
     for target in targets:
         if target.redis is not None:
             client = target.redis.client()
-            snapshot_seq = int(client.hget(keys.meta, "snapshot_seq") or 0)
+            snapshot_seq = redis_codec.stored_snapshot_seq(client, keys)
             results.snapshot_during = max(results.snapshot_during, snapshot_seq)
             results.commands_journaled = max(results.commands_journaled,
                                              snapshot_seq + client.xlen(keys.journal))
