@@ -13,6 +13,7 @@ from executor_service.allocator_client import RemoteBlockAllocator
 from executor_service.config import (ExecutorConfig, default_advertise_address, default_executor_id,
                                      parse_config)
 from executor_service.engine.build import build_engine
+from executor_service.heap import settle_startup_heap
 from executor_service.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 from executor_service.model.model_config import ModelConfig
 from executor_service.model.tokenizer_files import load_tokenizer_files
@@ -59,6 +60,7 @@ def load_and_register(config: ExecutorConfig, port: int, servicer: ExecutorServi
         dtype=str(engine.runner.kv_cache.dtype).removeprefix("torch."),
         device=str(engine.runner.device), tokenizer_digest=tokenizer.digest)
     servicer.ready(loop, info, tokenizer)
+    settle_startup_heap()  # the model, the engine and every module: alive until the end
     loop.start()
     service.set_serving(True)
     return loop

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from executor_service.allocator_client import PoolLost
 from executor_service.engine.engine import Engine
 from executor_service.engine.request_output import RequestOutput
+from executor_service.heap import FullCollections
 from pagedserve.common.errors import PagedServeError
 from pagedserve.protocol.sampling_params import SamplingParams
 
@@ -49,6 +50,7 @@ class ServingLoop:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self.owners: dict[str, Session] = {}
+        self.full_collections = FullCollections()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -81,6 +83,7 @@ class ServingLoop:
                 self._drain_commands(block=not self.engine.has_work())
                 if self.engine.has_work():
                     self._deliver(self.engine.step())
+                self.full_collections.between_iterations()
                 if time.monotonic() >= next_heartbeat:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_s
                     self.engine.allocator.heartbeat(len(self.engine.scheduler.waiting),

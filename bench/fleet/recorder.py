@@ -46,16 +46,25 @@ class RecordingAllocator:
         self.client.close()
 
 
+class AnswerClock:
+    """When a Step's answer arrived (time.monotonic(); 0 until it has)."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self, _future: object) -> None:
+        self.at = time.monotonic()
+
+
 class RecordingStep:
     def __init__(self, recorder: RecordingAllocator, step: RemoteStep, num_ops: int) -> None:
         self.recorder, self.step, self.num_ops = recorder, step, num_ops
         self.passes_at_submit = recorder.forward.passes
         self.submitted_at = time.monotonic()
-        self.answered_at = 0.0
-        step.future.add_done_callback(self._answered)
-
-    def _answered(self, _future: object) -> None:
-        self.answered_at = time.monotonic()
+        # Not a bound method: the future would hold this object, which holds the future (a
+        # cycle left for the collector, whose pauses the executor would then be timed with).
+        self.answer = AnswerClock()
+        step.future.add_done_callback(self.answer)
 
     def result(self) -> StepResult:
         recorder, forward = self.recorder, self.recorder.forward
@@ -65,7 +74,7 @@ class RecordingStep:
         overlapped = forward.passes > self.passes_at_submit
         if overlapped:
             slack = max(0.0, forward.ended_at - self.submitted_at)
-            if self.answered_at > forward.ended_at + LATE_AFTER_S:
+            if self.answer.at > forward.ended_at + LATE_AFTER_S:
                 recorder.stalls += 1
                 recorder.late_wait_s += waited
         else:
@@ -75,6 +84,6 @@ class RecordingStep:
         ops = pb.StepRequest(ops=self.step.request.ops).SerializeToString()
         recorder.stream.steps.append(RecordedStep(
             self.submitted_at - recorder.started_at, slack,
-            (self.answered_at or time.monotonic()) - self.submitted_at, self.num_ops, ops,
+            (self.answer.at or time.monotonic()) - self.submitted_at, self.num_ops, ops,
             reply.SerializeToString()))
         return result

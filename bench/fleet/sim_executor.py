@@ -24,6 +24,7 @@ from bench.fleet.workload import FleetWorkload, draw_requests
 from executor_service.allocator_client import RemoteBlockAllocator
 from executor_service.engine.engine import Engine
 from executor_service.engine.scheduler import SchedulerConfig
+from executor_service.heap import FullCollections, settle_startup_heap
 from pagedserve.protocol.sampling_params import SamplingParams
 
 # An 8B model's KV cache on an 80 GB GPU is about 20-25k blocks of 16 tokens (128 KiB a token).
@@ -72,6 +73,9 @@ def simulate(target: str, executor_id: str, workload: FleetWorkload, seconds: fl
     cancel_at: dict[str, int] = {}
     produced: dict[str, int] = {}
     next_request, admitted, finished, running_sum = 0, 0, 0, 0
+    # As the executor process does once its engine is built (executor_service/__main__.py).
+    settle_startup_heap()
+    full_collections = FullCollections()
     start = time.monotonic()
     try:
         while (now := time.monotonic() - start) < seconds:
@@ -99,6 +103,7 @@ def simulate(target: str, executor_id: str, workload: FleetWorkload, seconds: fl
                         del cancel_at[request_id]
                         engine.abort(request_id)  # its outputs come with the next step's
             running_sum += sum(len(r.sequences) for r in engine.scheduler.running)
+            full_collections.between_iterations()
     finally:
         recorder.close()
     stream.num_iterations, stream.num_finished = engine.num_iterations, finished

@@ -69,6 +69,8 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.outputs = OutputCollector()
         self._arrivals = itertools.count()
+        # Requests finished and forgotten since the last report, detached once it is made.
+        self._forgotten: list[Request] = []
         # Iterations run, and Steps sent to the allocator (fewer: most decodes need none).
         self.num_iterations = 0
         self.num_steps = 0
@@ -181,7 +183,7 @@ class Engine:
 
     def drain_outputs(self) -> list[RequestOutput]:
         """What happened outside step() (cancellations) that has not been reported yet."""
-        return self.outputs.drain()
+        return self._drain()
 
     # -- the pool -------------------------------------------------------------------------------
 
@@ -209,14 +211,14 @@ class Engine:
                     self.scheduler.finish(seq, "error")
                     self.outputs.finished(seq)
             self._collect_finished(request)
-        return self.outputs.drain()
+        return self._drain()
 
     # -- one iteration --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.plan()
         if not plan.ops and not plan.work:
-            return self.outputs.drain()
+            return self._drain()
         self.num_iterations += 1
         # A steady decode mostly has nothing for the allocator: then no Step goes out at all.
         handle = None
@@ -235,7 +237,7 @@ class Engine:
         self._report_prompt_scores(plan.work)
         if logits is not None:
             self._sample(logits, sampled, masks.wait())
-        return self.outputs.drain()
+        return self._drain()
 
     def _start_masks(self, plan: StepPlan) -> TokenMasks:
         """Structured output's masks for the sequences this iteration samples (those whose
@@ -470,3 +472,13 @@ class Engine:
                     self.outputs.finished(seq)
             self.outputs.request_done(request)
             del self.requests[request.request_id]
+            self._forgotten.append(request)
+
+    def _drain(self) -> list[RequestOutput]:
+        """The outputs since the last report; the requests that ended are detached after
+        their last output was made from them (the usage reads their sequences)."""
+        outputs = self.outputs.drain()
+        for request in self._forgotten:
+            request.detach()
+        self._forgotten.clear()
+        return outputs

@@ -141,6 +141,15 @@ class Request:
     def finished(self) -> bool:
         return all(seq.status is SequenceStatus.FINISHED for seq in self.sequences)
 
+    def detach(self) -> None:
+        """Drops the links from the request to its sequences (each sequence points back at its
+        request, and a beam search's order lists them: reference cycles). The engine calls this
+        once it has reported the request's end, so reference counting frees the whole request
+        then, instead of the cyclic collector's full pass later (a pause of ~10 ms per 10,000
+        live objects: executor_service/heap.py)."""
+        self.sequences = []
+        self.beams = None
+
     @property
     def scoring_prompt(self) -> bool:
         """Whether prompt tokens are still to be scored: the prompt's logits are wanted."""
