@@ -6,7 +6,6 @@ is given no end-of-sequence ids): they end at max_tokens or when cancelled.
 """
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 import torch
@@ -17,8 +16,10 @@ from executor_service.engine.sampler import SampleOutput, SamplingRow
 class RandomSampler:
     def __init__(self, vocab_size: int, seed: int) -> None:
         self.vocab_size = vocab_size
-        self.rng = random.Random(seed)
+        self.generator = torch.Generator().manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
-        draw = self.rng.randrange
-        return SampleOutput([draw(self.vocab_size) for _ in rows], [None] * len(rows))
+        # One draw for the batch: a GPU's sampler costs its host about this little, where a
+        # Python draw per row took 0.1 ms of the simulated executor's CPU an iteration.
+        tokens = torch.randint(self.vocab_size, (len(rows),), generator=self.generator)
+        return SampleOutput(tokens.tolist(), [None] * len(rows))

@@ -287,8 +287,10 @@ class Engine:
     def _sample(self, logits: torch.Tensor, sampled: list[Sequence],
                 masks: TokenMasks = NO_MASKS) -> None:
         rows: list[SamplingRow] = []
-        # (sequence, choice index it produces, that choice's generator)
+        # (sequence, choice index it produces, that choice's generator), one per row
         owners: list[tuple[Sequence, int, torch.Generator | None]] = []
+        # The logits row each row reads.
+        positions: list[int] = []
         deciding: dict[str, Request] = {}
         for position, seq in enumerate(sampled):
             request = seq.request
@@ -299,24 +301,26 @@ class Engine:
                     logits[position].to(torch.float32), dim=-1)
                 deciding[request.request_id] = request
                 continue
-            fanout = (request.params.num_sequences if seq.index == 0 and not request.forked
-                      else 1)
+            params = request.params
+            fanout = params.num_sequences if seq.index == 0 and not request.forked else 1
             # A fanout's children draw their first token from the parent's history.
-            counts = self._token_counts(seq) if request.params.has_penalties else None
+            counts = self._token_counts(seq) if params.has_penalties else None
+            mask = masks.row(seq)
             for index in range(fanout):
                 generator = seq.generator if index == 0 else self._child_generator(request, index)
-                rows.append(SamplingRow(request.params, (), (), generator, counts,
-                                        token_mask=masks.row(seq)))
+                rows.append(SamplingRow(params, (), (), generator, counts, token_mask=mask))
                 owners.append((seq, index, generator))
+                positions.append(position)
         for request in deciding.values():
             if request.beams.ready():
                 self._decide_beams(request)
         if not rows:
             return
-        positions = {seq: i for i, seq in enumerate(sampled)}
-        picked = logits[torch.tensor([positions[seq] for seq, _, _ in owners],
-                                     device=logits.device)]
-        result = self.sampler.sample(picked, rows)
+        # Mostly every sequence sampled gives one row, in order: the logits go as they are
+        # (picking them would copy [batch, vocab] floats for nothing).
+        if positions != list(range(len(sampled))):
+            logits = logits[torch.tensor(positions, device=logits.device)]
+        result = self.sampler.sample(logits, rows)
         # Every child exists before any token is recorded: a parent that stops at its first
         # token must not end the request before its siblings exist.
         accepted = []

@@ -7,20 +7,40 @@ from executor_service.engine.request_output import RequestOutput, SequenceDelta,
 from executor_service.engine.sampler import TokenLogprobs
 
 
+class _Report:
+    """What one request has to report since the last drain."""
+    __slots__ = ("request", "deltas", "done", "scored")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.deltas: dict[int, SequenceDelta] = {}     # by choice index
+        self.done = False                               # its last report: usage, error
+        self.scored = False                             # its prompt logprobs go out
+
+
 class OutputCollector:
     def __init__(self) -> None:
-        self._deltas: dict[str, dict[int, SequenceDelta]] = {}
-        self._requests: dict[str, Request] = {}
-        self._done: set[str] = set()
-        self._scored: set[str] = set()
+        self._reports: dict[str, _Report] = {}
+        # The delta each sequence is filling since the last drain: a token costs one lookup
+        # (at batch 256 this path runs 256 times an iteration).
+        self._open: dict[Sequence, SequenceDelta] = {}
+
+    def _report(self, request: Request) -> _Report:
+        report = self._reports.get(request.request_id)
+        if report is None:
+            report = self._reports[request.request_id] = _Report(request)
+        return report
 
     def _delta(self, seq: Sequence) -> SequenceDelta:
-        request = seq.request
-        self._requests[request.request_id] = request
-        deltas = self._deltas.setdefault(request.request_id, {})
-        if seq.index not in deltas:
-            deltas[seq.index] = SequenceDelta(seq.index, [])
-        return deltas[seq.index]
+        delta = self._open.get(seq)
+        if delta is None:
+            # Beams share choice index 0, so they share one delta too.
+            deltas = self._report(seq.request).deltas
+            delta = deltas.get(seq.index)
+            if delta is None:
+                delta = deltas[seq.index] = SequenceDelta(seq.index, [])
+            self._open[seq] = delta
+        return delta
 
     def token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
         if seq.request.params.ranks_samples:
@@ -35,8 +55,7 @@ class OutputCollector:
     def choices(self, request: Request) -> None:
         """A request whose choices were decided at its end (beam search, best_of): each comes
         whole, with its tokens, why it ended and its cumulative log-probability."""
-        self._requests[request.request_id] = request
-        deltas = self._deltas.setdefault(request.request_id, {})
+        deltas = self._report(request).deltas
         for index, choice in enumerate(request.final_choices or []):
             deltas[index] = SequenceDelta(index, list(choice.token_ids),
                                           finish_reason=choice.finish_reason,
@@ -45,9 +64,7 @@ class OutputCollector:
 
     def prompt_logprobs(self, request: Request) -> None:
         """The request's prompt is scored: its prompt logprobs go out in the next report."""
-        self._requests[request.request_id] = request
-        self._deltas.setdefault(request.request_id, {})
-        self._scored.add(request.request_id)
+        self._report(request).scored = True
 
     def finished(self, seq: Sequence) -> None:
         params = seq.request.params
@@ -59,27 +76,24 @@ class OutputCollector:
         self._delta(seq).finish_reason = seq.finish_reason
 
     def request_done(self, request: Request) -> None:
-        self._requests[request.request_id] = request
-        self._deltas.setdefault(request.request_id, {})
-        self._done.add(request.request_id)
+        self._report(request).done = True
 
     def pending(self) -> bool:
-        return bool(self._deltas)
+        return bool(self._reports)
 
     def drain(self) -> list[RequestOutput]:
         outputs = []
-        for request_id, deltas in self._deltas.items():
-            request = self._requests[request_id]
-            done = request_id in self._done
+        for request_id, report in self._reports.items():
+            request, deltas, done = report.request, report.deltas, report.done
             outputs.append(RequestOutput(
-                request_id, [deltas[index] for index in sorted(deltas)], finished=done,
-                usage=usage(request) if done else None, error=request.error if done else None,
-                prompt_logprobs=request.prompt_logprobs if request_id in self._scored
-                else None))
-        self._deltas.clear()
-        self._requests.clear()
-        self._done.clear()
-        self._scored.clear()
+                request_id,
+                [deltas[index] for index in sorted(deltas)] if len(deltas) > 1
+                else list(deltas.values()),
+                finished=done, usage=usage(request) if done else None,
+                error=request.error if done else None,
+                prompt_logprobs=request.prompt_logprobs if report.scored else None))
+        self._reports = {}
+        self._open = {}
         return outputs
 
 

@@ -135,10 +135,17 @@ class Scheduler:
         for request in self.running:
             budget = self._plan_request(plan, request, budget)
         step_due = self._since_step + 1 >= self.config.step_interval or not self.running
-        while self.waiting and budget > 0 and step_due and self._room_for(self.waiting[0]):
-            request = self.waiting.popleft()
-            self.running.append(request)
-            budget = self._plan_request(plan, request, budget)
+        if self.waiting and budget > 0 and step_due:
+            # Counted once, then kept up as requests are admitted (a count per admission
+            # walked every running request again).
+            admitted = self.num_admitted_seqs
+            while self.waiting and budget > 0:
+                request = self.waiting[0]
+                if admitted + seqs_of(request) > self.config.max_num_seqs:
+                    break
+                admitted += seqs_of(request)
+                self.running.append(self.waiting.popleft())
+                budget = self._plan_request(plan, request, budget)
         if plan.ops and not (step_due or plan.needs_answer or plan.urgent):
             self._put_off(plan)
         self._since_step = 0 if plan.ops else self._since_step + 1
@@ -200,27 +207,30 @@ class Scheduler:
 
     def _run(self, plan: StepPlan, seq: Sequence, budget: int) -> int:
         """Plans one running (or being-forked) sequence; returns the tokens it computes."""
-        chunk = 1 if seq.is_decoding else min(seq.num_uncomputed, budget)
+        # Once per running sequence per iteration: the properties are spelt out.
+        config = self.config
+        decoding = len(seq.token_ids) - seq.num_computed == 1
+        chunk = 1 if decoding else min(seq.num_uncomputed, budget)
         end = seq.num_computed + chunk
-        blocked = seq.fork_parent is not None or seq.may_copy_on_write or \
-            seq.capacity(self.config.block_size) < end
+        capacity = len(seq.block_table) * config.block_size
+        blocked = seq.fork_parent is not None or seq.may_copy_on_write or capacity < end
         beam = seq.request.beams is not None
-        if self.config.sparse_steps and seq.is_decoding and not beam:
+        if config.sparse_steps and decoding and not beam:
             # Below a whole block of slots past the token written now, ask for the reserve.
-            slack = seq.capacity(self.config.block_size) - end
-            if blocked or slack < self.config.block_size:
-                plan.append(seq, self.config.block_size * self.config.reserve_blocks)
+            slack = capacity - end
+            if blocked or slack < config.block_size:
+                plan.append(seq, config.block_size * config.reserve_blocks)
                 # Its reserve would run out before a Step put off now goes out.
-                plan.urgent |= slack < self.config.step_interval
+                plan.urgent |= slack < config.step_interval
         else:
-            lookahead = self.config.lookahead_slots if end == len(seq.token_ids) else 0
+            lookahead = config.lookahead_slots if end == len(seq.token_ids) else 0
             plan.append(seq, lookahead)
             # A beam reports every token at once and its Step is never put off: a beam chosen
             # twice is forked, and the Fork must find every token of the parent recorded.
             plan.urgent |= beam
         if blocked:
             plan.needs_answer = True
-            if seq.is_decoding and seq.fork_parent is None and not seq.may_copy_on_write:
+            if decoding and seq.fork_parent is None and not seq.may_copy_on_write:
                 plan.stalled += 1
         plan.work.append((seq, chunk))
         return chunk
@@ -232,9 +242,6 @@ class Scheduler:
         if self.config.step_interval > 1:
             return max(self.config.lookahead_slots, self.config.step_interval + 1)
         return self.config.lookahead_slots
-
-    def _room_for(self, request: Request) -> bool:
-        return self.num_admitted_seqs + seqs_of(request) <= self.config.max_num_seqs
 
     # -- the Step's answer ----------------------------------------------------------------------
 
