@@ -131,16 +131,18 @@ def test_kill_9_recovers_through_snapshot_plus_journal_tail(
 
 def test_lease_expiry_is_journaled_and_survives_a_restart(
         redis_server: RedisProcess, durable_allocator: Callable[..., AllocatorProcess]) -> None:
-    durable = durable_allocator(redis_server.url, "--lease-ttl", "0.5")
+    # Long enough that the Step after the registration renews the lease even on a loaded
+    # machine (0.5 s once lapsed in between under `pytest -n 2`).
+    durable = durable_allocator(redis_server.url, "--lease-ttl", "2")
     stub, admin = stubs(durable)
     executor = register(stub, "lapsing", num_blocks=8, block_size=4)
     executor.step(allocate("a", list(range(8))), append("a", num_computed_tokens=8))
     wait_timed(lambda: not admin.ListExecutors(pb.ListExecutorsRequest(), timeout=5).executors,
-               3, "the lease to lapse")
+               10, "the lease to lapse")
     assert journal(redis_server.client()) == [(1, "register"), (2, "step"), (3, "reclaim")]
 
     kill_9(durable)
-    recovered = durable_allocator(redis_server.url, "--lease-ttl", "0.5")
+    recovered = durable_allocator(redis_server.url, "--lease-ttl", "2")
     stub, admin = stubs(recovered)
     assert list(admin.ListExecutors(pb.ListExecutorsRequest(), timeout=5).executors) == []
     assert rpc_error(lambda: Executor(stub, "lapsing", executor.epoch).step(
