@@ -21,9 +21,6 @@ class _Report:
 class OutputCollector:
     def __init__(self) -> None:
         self._reports: dict[str, _Report] = {}
-        # The delta each sequence is filling since the last drain: a token costs one lookup
-        # (at batch 256 this path runs 256 times an iteration).
-        self._open: dict[Sequence, SequenceDelta] = {}
 
     def _report(self, request: Request) -> _Report:
         report = self._reports.get(request.request_id)
@@ -32,14 +29,11 @@ class OutputCollector:
         return report
 
     def _delta(self, seq: Sequence) -> SequenceDelta:
-        delta = self._open.get(seq)
+        # Beams share choice index 0, so they share one delta too.
+        deltas = self._report(seq.request).deltas
+        delta = deltas.get(seq.index)
         if delta is None:
-            # Beams share choice index 0, so they share one delta too.
-            deltas = self._report(seq.request).deltas
-            delta = deltas.get(seq.index)
-            if delta is None:
-                delta = deltas[seq.index] = SequenceDelta(seq.index, [])
-            self._open[seq] = delta
+            delta = deltas[seq.index] = SequenceDelta(seq.index, [])
         return delta
 
     def token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
@@ -93,7 +87,6 @@ class OutputCollector:
                 error=request.error if done else None,
                 prompt_logprobs=request.prompt_logprobs if report.scored else None))
         self._reports = {}
-        self._open = {}
         return outputs
 
 
