@@ -141,9 +141,10 @@ class Scheduler:
             admitted = self.num_admitted_seqs
             while self.waiting and budget > 0:
                 request = self.waiting[0]
-                if admitted + seqs_of(request) > self.config.max_num_seqs:
+                needs = seqs_of(request)
+                if admitted + needs > self.config.max_num_seqs:
                     break
-                admitted += seqs_of(request)
+                admitted += needs
                 self.running.append(self.waiting.popleft())
                 budget = self._plan_request(plan, request, budget)
         if plan.ops and not (step_due or plan.needs_answer or plan.urgent):
