@@ -36,7 +36,9 @@ NAMESPACE = "group-commit-test"
 
 
 def durable_state(url: str) -> AllocatorState:
-    store = RedisStore(url, NAMESPACE, snapshot_every=10**9, timeout_s=2.0)
+    # The test's Redis fsyncs every write; under `pytest -n 2` beside tests that write to the
+    # same disk, one fsync once took past a 2 s timeout (a commit refused, not what is tested).
+    store = RedisStore(url, NAMESPACE, snapshot_every=10**9, timeout_s=10.0)
     state = AllocatorState(Allocator(), store)
     store.load(state.core)
     return state
