@@ -85,7 +85,10 @@ def durable_allocator() -> Iterator[Callable[..., AllocatorProcess]]:
     started: list[AllocatorProcess] = []
 
     def start(state_url: str, *extra_args: str) -> AllocatorProcess:
-        started.append(AllocatorProcess("--state-url", state_url, *extra_args))
+        # The test Redis fsyncs every write: on a disk shared with the other test worker an
+        # fsync has taken over the default 2 s, refusing a commit no test meant to refuse.
+        started.append(AllocatorProcess("--state-url", state_url, "--state-timeout", "10",
+                                        *extra_args))
         return started[-1]
 
     yield start
