@@ -30,6 +30,8 @@ from bench.fleet.profile import cost_per_executor_second
 from bench.fleet.replay import TRANSPORTS
 from bench.fleet.report import (FleetResults, Point, Recording, group_rows, section_body,
                                 snapshot_rows, summary_rows)
+from bench.fleet.slack import slack_of
+from bench.fleet.step_stream import StepStream
 from bench.fleet.workload import FleetWorkload
 from bench.report import (add_output_flags, command_line, image_link, machine_description,
                           output_paths, replace_section, text_table, today)
@@ -157,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     args.step_interval, args.reserve_blocks)
                 progress.set_description(f"{it:g} ms: the Step path in one process")
                 # The machine's speed on the first two streams, as every report gives it.
-                results.recordings.append(Recording(it, summaries,
-                                                    cost_per_executor_second(streams[:2])))
+                results.recordings.append(Recording(
+                    it, summaries, cost_per_executor_second(streams[:2]),
+                    slack_of(StepStream.load(path) for path in streams)))
                 progress.update(1)
                 saturated: set[str] = set()
                 for index, n in enumerate(sweep):

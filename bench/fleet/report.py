@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from bench.fleet.capacity import Snapshots
 from bench.fleet.replay import ReplayResult
+from bench.fleet.slack import LITTLE_SLACK_S, Slack
 from bench.report import Row, markdown_table, percentile
 from pagedserve.common.allocator_shards import balanced_owners
 
@@ -75,6 +76,8 @@ class Recording:
     # The recorded Steps' path in one process, collector off, in seconds per executor-second
     # (profile.cost_per_executor_second): the machine's speed on this code (0: not measured).
     in_process_s: float = 0.0
+    # What the overlapped Steps had left of their pass (None: not measured).
+    slack: Slack | None = None
 
 
 @dataclass(slots=True)
@@ -147,6 +150,15 @@ def summary_rows(results: FleetResults) -> list[Row]:
                         sum(s["stalls"] + s["slot_stalls"] for s in sims) == 0))
         rows.append(Row(f"{it:g} ms: live: share of time waiting for admission/fork answers",
                         f"{sum(s['blocking_wait_s'] for s in sims) / seconds:.1%}"))
+        paced = sum(s["seconds"] / (it / 1000) for s in sims)
+        rows.append(Row(f"{it:g} ms: live: iterations run, of as many as keep pace",
+                        f"{sum(s['iterations'] for s in sims) / paced:.0%}"))
+        if recording.slack is not None and recording.slack.overlapped:
+            slack = recording.slack
+            rows.append(Row(f"{it:g} ms: overlapped Steps' slack (the pass left when sent) "
+                            f"p50 / p10, and share under {LITTLE_SLACK_S * 1000:g} ms",
+                            f"{slack.p50_s * 1000:.2f} / {slack.p10_s * 1000:.2f} ms, "
+                            f"{slack.little:.0%} of {slack.overlapped:,}"))
         if recording.in_process_s:
             rows.append(Row(f"{it:g} ms: these Steps' path in one process, collector off, per "
                             "executor-second (the machine's speed)",

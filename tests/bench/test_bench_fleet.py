@@ -16,7 +16,8 @@ import grpc
 
 from bench.fleet import profile
 from bench.fleet.replay import replay, replayed_executor_id
-from bench.fleet.step_stream import StepStream
+from bench.fleet.slack import slack_of
+from bench.fleet.step_stream import RecordedStep, StepStream
 from bench.fleet.workload import FleetWorkload, draw_requests
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
@@ -120,6 +121,17 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsy
     assert profile.cost_per_executor_second([stream_path], copies=2) > 0
 
 
+def test_slack_is_read_from_the_overlapped_steps_only():
+    stream = StepStream("sim-0", 8, 4, "m", 0.005, 1.0)
+    for slack_s in (0.0, 0.001, 0.0, 0.004, 0.0015, 0.003):  # 0: a Step the pass waited for
+        stream.steps.append(RecordedStep(0.0, slack_s, 0.0005, 1, b"", b""))
+    slack = slack_of([stream])
+    assert slack.overlapped == 4
+    assert (slack.p10_s, slack.p50_s) == (0.001, 0.0015)  # nearest rank
+    assert slack.little == 0.5  # 1 and 1.5 ms are under 2
+    assert slack_of([StepStream("sim-1", 8, 4, "m", 0.005, 1.0)]).overlapped == 0
+
+
 def test_a_replay_against_another_pool_size_is_caught(tmp_path):
     """The byte-for-byte check can fail: the same ops on blocks of another size get other
     block tables."""
@@ -149,6 +161,7 @@ def test_the_quick_run_prints_its_table_and_writes_nothing_by_default(tmp_path):
     for metric in ("20 ms: simulated executors (live), Steps/s and ops per Step",
                    "20 ms: these Steps' path in one process, collector off, per "
                    "executor-second (the machine's speed)",
+                   "20 ms: live: iterations run, of as many as keep pace",
                    "20 ms, memory: allocator CPU per executor-second",
                    "20 ms, memory: largest N replayed with 0 stalls",
                    "20 ms, memory, 2 shards, 3 executors: executors per shard",
