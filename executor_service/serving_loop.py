@@ -122,6 +122,10 @@ class ServingLoop:
     def _cancel(self, session: Session, request_id: str) -> None:
         if self.owners.get(request_id) is session:
             self.engine.abort(request_id)
+            # Its last update goes out now, not with the next iteration's: the id is free
+            # again, and a request submitted under it before then must not be taken for the
+            # cancelled one's end.
+            self._deliver(self.engine.drain_outputs())
 
     def _close(self, session: Session) -> None:
         session.closed = True

@@ -91,6 +91,24 @@ def test_a_bad_submission_is_refused_on_the_stream_which_carries_on(stack):
     stream.close()
 
 
+def test_an_id_submitted_again_right_after_its_cancel_gets_its_own_answer(stack):
+    allocator, executor, _ = stack
+    stream = Stream(executor)
+    stream.submit("again", list(b"first time"), max_tokens=3000, ignore_eos=True)
+    stream.updates.get(timeout=60)
+    # Both reach the engine's thread before its next iteration: the cancel's last update must
+    # go out before the new request's first, or the new one is taken for the old one's end.
+    stream.cancel("again")
+    stream.submit("again", list(b"second time"), max_tokens=4, ignore_eos=True)
+    first = stream.until_finished("again")
+    assert first[-1].completions[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+    second = stream.until_finished("again")
+    assert second[-1].completions[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert second[-1].usage.completion_tokens == 4
+    stream.close()
+    wait_for(lambda: used_blocks(allocator) == 0)
+
+
 def test_get_info_describes_the_model_and_its_pool(stack):
     _, executor, _ = stack
     info = pb_grpc.ExecutorStub(executor.channel()).GetInfo(pb.GetInfoRequest())
