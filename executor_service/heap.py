@@ -30,7 +30,8 @@ import gc
 import time
 
 FULL_EVERY_S = 60.0
-# The old generation's threshold: so many young-generation collections before a full one.
+# The old generation's threshold: so many collections of the middle generation before a full
+# one.
 NEVER = 1 << 30
 
 

@@ -210,8 +210,9 @@ class Scheduler:
         """Plans one running (or being-forked) sequence; returns the tokens it computes."""
         # Once per running sequence per iteration: the properties are spelt out.
         config = self.config
-        decoding = len(seq.token_ids) - seq.num_computed == 1
-        chunk = 1 if decoding else min(seq.num_uncomputed, budget)
+        uncomputed = len(seq.token_ids) - seq.num_computed
+        decoding = uncomputed == 1
+        chunk = 1 if decoding else min(uncomputed, budget)
         end = seq.num_computed + chunk
         capacity = len(seq.block_table) * config.block_size
         blocked = seq.fork_parent is not None or seq.may_copy_on_write or capacity < end

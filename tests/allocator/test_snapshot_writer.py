@@ -35,7 +35,7 @@ def busy_core() -> Allocator:
 
 def stored(client) -> tuple[int, dict | None]:
     blob = read_snapshot(client, KEYS.snapshot)
-    return (int(client.hget(KEYS.meta, "snapshot_seq") or 0),
+    return (redis_codec.stored_snapshot_seq(client, KEYS),
             None if blob is None else redis_codec.decode_snapshot(blob))
 
 

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
 from allocator_service.core.block_hash import chain_hash
+from allocator_service.durability import redis_codec
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.allocator.v1 import allocator_pb2_grpc as pb_grpc
 from pagedserve.supervisor.service_process import AllocatorProcess
@@ -266,7 +267,7 @@ def journal(client: redis.Redis, namespace: str = NAMESPACE) -> list[tuple[int, 
 
 
 def snapshot_seq(client: redis.Redis, namespace: str = NAMESPACE) -> int:
-    return int(client.hget(f"{namespace}:meta", "snapshot_seq") or 0)
+    return redis_codec.stored_snapshot_seq(client, redis_codec.Keys.under(namespace))
 
 
 def serving(channel: grpc.Channel) -> Callable[[], bool]:
