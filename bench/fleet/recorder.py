@@ -2,8 +2,8 @@
 recording each Step into a StepStream and timing what the executor waited for.
 
 A Step is "overlapped" when the engine ran its forward pass while the Step was in flight (a
-steady decode); its answer is late (a stall) when it came after that pass ended, because the
-engine waits for it before the next iteration. A Step the pass needed first (an admission, a
+steady decode); the engine reads its answer once that pass's tokens are sampled, and the answer
+is late (a stall) when it had not come by then. A Step the pass needed first (an admission, a
 fork, a copy-on-write, a sequence out of slots) is "blocking": the executor waits for all of it.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from executor_service.allocator_client import RemoteBlockAllocator, RemoteStep
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.protocol.block_ops import BlockOp, StepResult
 
-# An answer this much after its pass ended still counts as on time: thread hand-offs in a busy
-# simulator process take about this long without the allocator being late.
+# An answer this much after the engine asked for it still counts as on time: thread hand-offs
+# in a busy simulator process take about this long without the allocator being late.
 LATE_AFTER_S = 0.001
 
 
@@ -73,8 +73,8 @@ class RecordingStep:
         waited = time.monotonic() - waiting_from
         overlapped = forward.passes > self.passes_at_submit
         if overlapped:
-            slack = max(0.0, forward.ended_at - self.submitted_at)
-            if self.answer.at > forward.ended_at + LATE_AFTER_S:
+            slack = waiting_from - self.submitted_at
+            if self.answer.at > waiting_from + LATE_AFTER_S:
                 recorder.stalls += 1
                 recorder.late_wait_s += waited
         else:

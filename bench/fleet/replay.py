@@ -9,9 +9,10 @@ offset, or as soon as Step i-1 is answered if that came later. Every request is 
 byte with the recorded one.
 
 A Step is late (a stall) when it was overlapped in the recording (the executor computed while
-it was in flight) and its answer took longer than the rest of that forward pass. Latency and
-stalls count only inside the measured window (after `warmup_s`, when every executor has started
-and filled its batch); so does the allocator's CPU time, read from /proc.
+it was in flight) and its answer took longer than its slack: until the executor read it, after
+that forward pass and its sampling. Latency and stalls count only inside the measured window
+(after `warmup_s`, when every executor has started and filled its batch); so does the
+allocator's CPU time, read from /proc.
 
 Steps go over the allocator's Step channel (one connection per replayed executor, the frames
 of pagedserve/protocol/step_frames.py) when its registration names one, as the executor's

@@ -155,7 +155,7 @@ def summary_rows(results: FleetResults) -> list[Row]:
                         f"{sum(s['iterations'] for s in sims) / paced:.0%}"))
         if recording.slack is not None and recording.slack.overlapped:
             slack = recording.slack
-            rows.append(Row(f"{it:g} ms: overlapped Steps' slack (the pass left when sent) "
+            rows.append(Row(f"{it:g} ms: overlapped Steps' slack (sent to read) "
                             f"p50 / p10, and share under {LITTLE_SLACK_S * 1000:g} ms",
                             f"{slack.p50_s * 1000:.2f} / {slack.p10_s * 1000:.2f} ms, "
                             f"{slack.little:.0%} of {slack.overlapped:,}"))

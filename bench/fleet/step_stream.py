@@ -21,9 +21,9 @@ from pagedserve.allocator.v1 import allocator_pb2 as pb
 class RecordedStep:
     # When the executor sent it, from its registration.
     offset_s: float
-    # How long the answer could take without the executor waiting for it: the rest of the
-    # forward pass it overlapped; 0 when the pass needed the answer first (an admission, a
-    # fork, a copy-on-write, a sequence out of slots).
+    # How long the answer could take without the executor waiting for it: until the engine
+    # read it, once the forward pass it overlapped and the sampling were done; 0 when the pass
+    # needed the answer first (an admission, a fork, a copy-on-write, a sequence out of slots).
     slack_s: float
     latency_s: float
     num_ops: int

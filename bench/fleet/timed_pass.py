@@ -2,8 +2,9 @@
 
 A GPU runs the forward pass while the CPU plans the next iteration, so an iteration lasts
 `iteration_s` however long the planning took (unless the planning alone took longer): each pass
-ends `iteration_s` after the previous one ended, or after now when the CPU fell behind. The Step an iteration overlaps with its pass has
-until then to be answered without delaying anything.
+ends `iteration_s` after the previous one ended, or after now when the CPU fell behind. The Step
+an iteration overlaps with its pass has until then, and the sampling after it, to be answered
+without delaying anything.
 """
 from __future__ import annotations
 

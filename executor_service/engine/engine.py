@@ -1,10 +1,12 @@
 """The engine: requests in, token deltas out, one iteration per `step()`.
 
 An iteration plans (scheduler.py), sends its block ops in one Step when it has any (a steady
-decode mostly has none: Steps are sparse), computes (model_runner.py) and samples (sampler.py). When nothing in the forward pass depends on the Step's answer (every
-running sequence already has its slots mirrored, nothing is admitted, forked or copied), the
-forward pass runs while the Step is in flight and the answer is mirrored afterwards: that is
-how lookahead keeps decode off the allocator's critical path.
+decode mostly has none: Steps are sparse), computes (model_runner.py) and samples
+(sampler.py). When nothing in the forward pass depends on the Step's answer (every running
+sequence already has its slots mirrored, nothing is admitted, forked or copied), the forward
+pass and the sampling run while the Step is in flight, and the answer is mirrored once the
+tokens are recorded: that is how lookahead keeps decode off the allocator's critical path. No
+Step is in flight between two calls of `step()`.
 
 The gRPC executor service drives this same class from its serving loop; tests and benchmarks
 drive it directly (with the allocator core in-process, see block_allocator.py).
@@ -18,7 +20,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from executor_service.engine.beam_search import BeamSearch, Hypothesis
-from executor_service.engine.block_allocator import BlockAllocator
+from executor_service.engine.block_allocator import BlockAllocator, StepHandle
 from executor_service.engine.grammar import GrammarCompiler, UnreadableTokenizer, accept_token
 from executor_service.engine.model_runner import ModelRunner
 from executor_service.engine.outputs import OutputCollector
@@ -74,6 +76,9 @@ class Engine:
         # Iterations run, and Steps sent to the allocator (fewer: most decodes need none).
         self.num_iterations = 0
         self.num_steps = 0
+        # An overlapped Step and the plan it answers, from the forward pass until the
+        # iteration's tokens are recorded (step()).
+        self._in_flight: tuple[StepPlan, StepHandle] | None = None
 
     @classmethod
     def for_model(cls, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
@@ -232,12 +237,28 @@ class Engine:
         else:
             masks = self._start_masks(plan)
             logits, sampled = self.runner.execute(plan.work, plan.copies)
-            if handle is not None:
+            # Sampling needs nothing of the answer either, but for a beam search's decision:
+            # the Step has the pass and the sampling to come back in, not the pass alone,
+            # which at a few ms an iteration is about half as long.
+            if handle is not None and plan.beams:
                 self._apply(plan, handle.result())
+            elif handle is not None:
+                self._in_flight = (plan, handle)
         self._report_prompt_scores(plan.work)
         if logits is not None:
             self._sample(logits, sampled, masks.wait())
+        self._settle()
         return self._drain()
+
+    def _settle(self) -> None:
+        """Mirrors the answer of the Step still in flight, if there is one. Once the
+        iteration's tokens are recorded: a sequence that stopped at its token is skipped, a
+        preemption the answer makes keeps that token for the recomputation, and the next
+        Step (one in flight at a time) goes out after it."""
+        if self._in_flight is not None:
+            plan, handle = self._in_flight
+            self._in_flight = None
+            self._apply(plan, handle.result())
 
     def _start_masks(self, plan: StepPlan) -> TokenMasks:
         """Structured output's masks for the sequences this iteration samples (those whose

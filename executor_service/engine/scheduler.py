@@ -230,6 +230,7 @@ class Scheduler:
             # A beam reports every token at once and its Step is never put off: a beam chosen
             # twice is forked, and the Fork must find every token of the parent recorded.
             plan.urgent |= beam
+            plan.beams |= beam
         if blocked:
             plan.needs_answer = True
             if decoding and seq.fork_parent is None and not seq.may_copy_on_write:

@@ -30,6 +30,9 @@ class StepPlan:
     # The Step cannot be put off (coalesced) to a later iteration: a sequence's reserve would
     # run out first.
     urgent: bool = False
+    # A beam search runs: its decision forks beams from the tokens the Step records and may be
+    # undone by a preemption the answer makes, so the answer is mirrored before sampling.
+    beams: bool = False
     # (src, dst) block copies to run before the forward pass, from the Step's answer.
     copies: list[tuple[int, int]] = field(default_factory=list)
 
