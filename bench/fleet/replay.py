@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import random
 import sys
 import time
@@ -77,8 +78,19 @@ class ReplayResult:
     shard_executors: list[int] = field(default_factory=list)
     driver_cpu_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
+    # When each stall's Step went out, in seconds into the window: one pause of the host
+    # makes a burst of them, a load the allocator cannot carry spreads them out.
+    stalled_at_s: list[float] = field(default_factory=list)
     # Replayed executors whose Steps went over the Step channel (the others used the RPC).
     channel_executors: int = 0
+
+
+def stall_bursts(stalled_at_s: Sequence[float], gap_s: float = 0.1) -> int:
+    """How many bursts the stalls came in: a stall within `gap_s` of the one before joins its
+    burst. At 5 ms on a shared host, one pause of the allocator's or the driver's process (the
+    host taking its core away) makes a burst of every Step in flight."""
+    moments = sorted(stalled_at_s)
+    return sum(1 for before, at in zip([-math.inf, *moments], moments) if at - before > gap_s)
 
 
 class Window:
@@ -195,7 +207,9 @@ async def play_steps(step: Callable[[bytes], Awaitable[tuple[bytes, float]]],
         result.latencies_ms.append(latency * 1000)
         result.mismatches += answer != recorded.reply
         if recorded.slack_s > 0:
-            result.stalls += latency > recorded.slack_s + LATE_AFTER_S
+            if latency > recorded.slack_s + LATE_AFTER_S:
+                result.stalls += 1
+                result.stalled_at_s.append(sent - window.start)
         else:
             result.blocking_wait_s += latency
         result.behind += sent - due > stream.iteration_s

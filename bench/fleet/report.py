@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from bench.fleet.capacity import Snapshots
-from bench.fleet.replay import ReplayResult
+from bench.fleet.replay import ReplayResult, stall_bursts
 from bench.fleet.slack import LITTLE_SLACK_S, Slack
 from bench.report import Row, markdown_table, percentile
 from pagedserve.common.allocator_shards import balanced_owners
@@ -364,7 +364,7 @@ def snapshot_rows(results: FleetResults) -> list[Row]:
 
 def point_table(results: FleetResults) -> str:
     header = ("| iteration | store | N | Steps/s | ops/s | allocator CPU (cores) | CPU per "
-              "executor-s | p50 / p99 (ms) | stalls | behind | answers differing |\n"
+              "executor-s | p50 / p99 (ms) | stalls (bursts) | behind | answers differing |\n"
               "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [header]
     for p in sorted(results.points, key=lambda p: (-p.iteration_ms, p.store, p.executors)):
@@ -373,8 +373,14 @@ def point_table(results: FleetResults) -> str:
             f"| {p.iteration_ms:g} ms | {p.store} | {r.executors} | {r.steps / r.window_s:,.0f} "
             f"| {r.ops / r.window_s:,.0f} | {(r.allocator_cpu_s or 0) / r.window_s:.2f} | "
             f"{p.cpu_per_executor * 1000:.1f} ms | {p.p50_ms:.2f} / {p.p99_ms:.2f} | "
-            f"{r.stalls} | {r.behind} | {r.mismatches} |")
+            f"{stalls_and_bursts(r)} | {r.behind} | {r.mismatches} |")
     return "\n".join(lines)
+
+
+def stalls_and_bursts(result: ReplayResult) -> str:
+    if not result.stalls or not result.stalled_at_s:  # results from before bursts were kept
+        return f"{result.stalls}"
+    return f"{result.stalls} ({stall_bursts(result.stalled_at_s)})"
 
 
 def section_body(results: FleetResults, image: str) -> str:

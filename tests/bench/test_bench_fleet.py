@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from bench.fleet import profile
-from bench.fleet.replay import replay, replayed_executor_id
+from bench.fleet.replay import replay, replayed_executor_id, stall_bursts
 from bench.fleet.slack import slack_of
 from bench.fleet.step_stream import RecordedStep, StepStream
 from bench.fleet.workload import FleetWorkload, draw_requests
@@ -130,6 +130,12 @@ def test_slack_is_read_from_the_overlapped_steps_only():
     assert (slack.p10_s, slack.p50_s) == (0.001, 0.0015)  # nearest rank
     assert slack.little == 0.5  # 1 and 1.5 ms are under 2
     assert slack_of([StepStream("sim-1", 8, 4, "m", 0.005, 1.0)]).overlapped == 0
+
+
+def test_stalls_within_a_tenth_of_a_second_are_one_burst():
+    assert stall_bursts([]) == 0
+    assert stall_bursts([4.573, 4.589, 4.66, 4.74, 12.64, 12.65, 19.78]) == 3
+    assert stall_bursts([0.5, 0.3, 0.35]) == 2  # in any order
 
 
 def test_a_replay_against_another_pool_size_is_caught(tmp_path):
