@@ -43,7 +43,7 @@ from pathlib import Path
 import grpc
 
 from bench.fleet.step_stream import StepStream, step_body
-from bench.serve.stack import cpu_seconds
+from bench.serve.stack import cpu_seconds, stolen_seconds
 from executor_service.step_channel_client import target_host
 from pagedserve.allocator.v1 import allocator_pb2 as pb
 from pagedserve.common.allocator_shards import balanced_owners, parse_allocator_group
@@ -77,6 +77,9 @@ class ReplayResult:
     shard_cpu_s: list[float] = field(default_factory=list)
     shard_executors: list[int] = field(default_factory=list)
     driver_cpu_s: float = 0.0
+    # CPU time the host took from this machine in the window, all cores together (None: not
+    # measured). On a shared host the 5 ms stalls come with it (architecture.md).
+    stolen_s: float | None = None
     latencies_ms: list[float] = field(default_factory=list)
     # When each stall's Step went out, in seconds into the window: one pause of the host
     # makes a burst of them, a load the allocator cannot carry spreads them out.
@@ -242,7 +245,11 @@ async def replay(shards: Sequence[str], streams: list[StepStream], executors: in
     await sleep_until(window.start)
     allocator_start = [cpu_seconds(pid) for pid in allocator_pids]
     driver_start = time.process_time()
+    stolen_start = stolen_seconds()
     await sleep_until(window.end)
+    stolen_end = stolen_seconds()
+    if stolen_start is not None and stolen_end is not None:
+        result.stolen_s = stolen_end - stolen_start
     if allocator_pids:
         result.shard_cpu_s = [cpu_seconds(pid) - start
                               for pid, start in zip(allocator_pids, allocator_start)]

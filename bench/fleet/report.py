@@ -364,8 +364,9 @@ def snapshot_rows(results: FleetResults) -> list[Row]:
 
 def point_table(results: FleetResults) -> str:
     header = ("| iteration | store | N | Steps/s | ops/s | allocator CPU (cores) | CPU per "
-              "executor-s | p50 / p99 (ms) | stalls (bursts) | behind | answers differing |\n"
-              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "executor-s | p50 / p99 (ms) | stalls (bursts) | behind | answers differing | "
+              "CPU the host took (ms) |\n"
+              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [header]
     for p in sorted(results.points, key=lambda p: (-p.iteration_ms, p.store, p.executors)):
         r = p.result
@@ -373,8 +374,12 @@ def point_table(results: FleetResults) -> str:
             f"| {p.iteration_ms:g} ms | {p.store} | {r.executors} | {r.steps / r.window_s:,.0f} "
             f"| {r.ops / r.window_s:,.0f} | {(r.allocator_cpu_s or 0) / r.window_s:.2f} | "
             f"{p.cpu_per_executor * 1000:.1f} ms | {p.p50_ms:.2f} / {p.p99_ms:.2f} | "
-            f"{stalls_and_bursts(r)} | {r.behind} | {r.mismatches} |")
+            f"{stalls_and_bursts(r)} | {r.behind} | {r.mismatches} | {stolen_ms(r)} |")
     return "\n".join(lines)
+
+
+def stolen_ms(result: ReplayResult) -> str:
+    return "—" if result.stolen_s is None else f"{result.stolen_s * 1000:,.0f}"
 
 
 def stalls_and_bursts(result: ReplayResult) -> str:

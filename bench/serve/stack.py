@@ -111,6 +111,18 @@ def hermetic_env() -> dict[str, str]:
     return supervisor_env({key: os.environ[key] for key in KEPT_VARIABLES if key in os.environ})
 
 
+def stolen_seconds() -> float | None:
+    """CPU time the hypervisor has given other guests while this machine's cores wanted to run,
+    summed over its cores (Linux's /proc/stat "steal"; None elsewhere). On a shared virtual
+    machine it is what no process of ours could use, whatever it was doing."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else None
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time a process has used so far (Linux's /proc; None elsewhere)."""
     try:

@@ -80,6 +80,7 @@ def test_a_recorded_stream_replays_exactly_for_several_executors(tmp_path, capsy
     assert result.ops == 3 * sum(step.num_ops for step in stream.steps)
     assert len(result.latencies_ms) == result.steps
     assert result.allocator_cpu_s is not None and result.allocator_cpu_s > 0
+    assert result.stolen_s is not None and result.stolen_s >= 0  # /proc/stat's steal
     assert problems == []
 
     # The Step RPC, still there to be measured, answers the same bytes.
