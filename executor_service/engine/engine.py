@@ -244,10 +244,14 @@ class Engine:
                 self._apply(plan, handle.result())
             elif handle is not None:
                 self._in_flight = (plan, handle)
-        self._report_prompt_scores(plan.work)
-        if logits is not None:
-            self._sample(logits, sampled, masks.wait())
-        self._settle()
+        try:
+            self._report_prompt_scores(plan.work)
+            if logits is not None:
+                self._sample(logits, sampled, masks.wait())
+        finally:
+            # Even when sampling failed: the serving loop then fails the requests and goes
+            # on, and the next iteration's Step must not go out beside this one.
+            self._settle()
         return self._drain()
 
     def _settle(self) -> None:
