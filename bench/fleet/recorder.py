@@ -2,8 +2,10 @@
 recording each Step into a StepStream and timing what the executor waited for.
 
 A Step is "overlapped" when the engine ran its forward pass while the Step was in flight (a
-steady decode); the engine reads its answer once that pass's tokens are sampled, and the answer
-is late (a stall) when it had not come by then. A Step the pass needed first (an admission, a
+steady decode); the engine reads its answer when it needs it (once that pass's tokens are
+sampled, or, for decoding sequences' Appends, just before the next Step goes out or a pass
+writes a slot it grants: engine.py), and the answer is late (a stall) when it had not come by
+then. A Step the pass needed first (an admission, a
 fork, a copy-on-write, a sequence out of slots) is "blocking": the executor waits for all of it.
 """
 from __future__ import annotations

@@ -110,6 +110,7 @@ def simulate(target: str, executor_id: str, workload: FleetWorkload, seconds: fl
                 running_sum += sum(len(r.sequences) for r in engine.scheduler.running)
                 running_samples += 1
             full_collections.between_iterations()
+        engine.settle()  # the last Step may still be out: its answer belongs in the stream
     finally:
         recorder.close()
     stream.num_iterations, stream.num_finished = engine.num_iterations, finished

@@ -4,9 +4,14 @@ An iteration plans (scheduler.py), sends its block ops in one Step when it has a
 decode mostly has none: Steps are sparse), computes (model_runner.py) and samples
 (sampler.py). When nothing in the forward pass depends on the Step's answer (every running
 sequence already has its slots mirrored, nothing is admitted, forked or copied), the forward
-pass and the sampling run while the Step is in flight, and the answer is mirrored once the
-tokens are recorded: that is how lookahead keeps decode off the allocator's critical path. No
-Step is in flight between two calls of `step()`.
+pass and the sampling run while the Step is in flight: that is how lookahead keeps decode off
+the allocator's critical path. A Step of decoding sequences' Appends (and Frees) stays in
+flight after its iteration, through as many more as it can: its answer is read just before
+the next Step goes out (one Step in flight at a time, in order), or before a pass that
+writes a slot only that answer grants, or when nothing is left to run. Until then its
+sequences plan no other op (Scheduler.unanswered): their Appends already asked for what they
+need next. So at a few ms an iteration, coalesced Steps have several iterations to come back
+in, not one.
 
 The gRPC executor service drives this same class from its serving loop; tests and benchmarks
 drive it directly (with the allocator core in-process, see block_allocator.py).
@@ -76,9 +81,13 @@ class Engine:
         # Iterations run, and Steps sent to the allocator (fewer: most decodes need none).
         self.num_iterations = 0
         self.num_steps = 0
-        # An overlapped Step and the plan it answers, from the forward pass until the
-        # iteration's tokens are recorded (step()).
+        # An overlapped Step and the plan it answers, from the forward pass until its answer
+        # is needed (step()); whether its own iteration is over (it lingers).
         self._in_flight: tuple[StepPlan, StepHandle] | None = None
+        self._lingering = False
+        # A fork was made in this iteration's sampling: its Fork, planned next, reads the
+        # parent's mirrored num_reported, so no Step of the parent may linger past it.
+        self._forked = False
 
     @classmethod
     def for_model(cls, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
@@ -184,7 +193,15 @@ class Engine:
         self._collect_finished(request)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self.outputs.pending()
+        # A Step still in flight is work: its answer may end or preempt a request.
+        return (self.scheduler.has_work() or self.outputs.pending()
+                or self._in_flight is not None)
+
+    def settle(self) -> None:
+        """Reads the answer of a Step still in flight (one may linger past its iteration, see
+        step()), as before the engine is put away. A serving loop need not: it steps while
+        has_work()."""
+        self._settle()
 
     def drain_outputs(self) -> list[RequestOutput]:
         """What happened outside step() (cancellations) that has not been reported yet."""
@@ -202,6 +219,7 @@ class Engine:
         """The allocator forgot our pool (it restarted without durable state, or our lease
         lapsed): no block we hold is ours any more. Every running request goes back to the
         front of the queue, keeping its tokens, to be recomputed on a fresh registration."""
+        self._drop_in_flight()  # its answer, if any, is about the old pool
         for request in sorted(self.scheduler.running, key=lambda r: r.admitted):
             self.scheduler.preempt(request)  # nothing to free: the old pool is gone
         self.scheduler.pending_frees.clear()
@@ -209,6 +227,9 @@ class Engine:
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Ends every request with an error (an iteration failed in a way we cannot retry)."""
+        # A Step still in flight is not read: every sequence it was for ends here, and their
+        # Frees follow it to the allocator.
+        self._drop_in_flight()
         for request in list(self.requests.values()):
             request.error = message
             for seq in request.sequences:
@@ -221,13 +242,19 @@ class Engine:
     # -- one iteration --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self._lingering and self._slot_awaits_answer():
+            self._settle()
+        self._forked = False
         plan = self.scheduler.plan()
         if not plan.ops and not plan.work:
+            self._settle()  # nothing left to run: nothing to keep the answer out for
             return self._drain()
         self.num_iterations += 1
         # A steady decode mostly has nothing for the allocator: then no Step goes out at all.
         handle = None
         if plan.ops:
+            # One Step in flight at a time, answered in order: the one still out is read first.
+            self._settle(before=plan)
             self.num_steps += 1
             handle = self.allocator.submit(plan.block_ops())
         if plan.needs_answer:
@@ -238,31 +265,73 @@ class Engine:
             masks = self._start_masks(plan)
             logits, sampled = self.runner.execute(plan.work, plan.copies)
             # Sampling needs nothing of the answer either, but for a beam search's decision:
-            # the Step has the pass and the sampling to come back in, not the pass alone,
-            # which at a few ms an iteration is about half as long.
+            # the Step has the pass and the sampling to come back in, and longer if it lingers.
             if handle is not None and plan.beams:
                 self._apply(plan, handle.result())
             elif handle is not None:
-                self._in_flight = (plan, handle)
+                self._in_flight, self._lingering = (plan, handle), False
         try:
             self._report_prompt_scores(plan.work)
             if logits is not None:
                 self._sample(logits, sampled, masks.wait())
         finally:
             # Even when sampling failed: the serving loop then fails the requests and goes
-            # on, and the next iteration's Step must not go out beside this one.
-            self._settle()
+            # on, and the next iteration must not plan around an answer never mirrored.
+            self._linger_or_settle()
         return self._drain()
 
-    def _settle(self) -> None:
-        """Mirrors the answer of the Step still in flight, if there is one. Once the
-        iteration's tokens are recorded: a sequence that stopped at its token is skipped, a
-        preemption the answer makes keeps that token for the recomputation, and the next
-        Step (one in flight at a time) goes out after it."""
-        if self._in_flight is not None:
-            plan, handle = self._in_flight
-            self._in_flight = None
-            self._apply(plan, handle.result())
+    def _linger_or_settle(self) -> None:
+        """At an iteration's end: keeps the Step in flight past it when only decoding
+        sequences' Appends (and Frees) are in it and nothing was forked, else mirrors its
+        answer now. A prompt's next chunk, a Fork and a beam's decision read the tables and
+        counts the answer updates; a decode reads them only once its reserve runs out.
+        Without sparse Steps every sequence appends every iteration, so the next Step is due
+        at once and nothing lingers."""
+        if self._in_flight is None or (self._lingering and not self._forked):
+            return
+        plan, _ = self._in_flight
+        if self.scheduler.config.sparse_steps and not self._forked and all(
+                planned.seq is None or planned.seq.is_decoding
+                or planned.seq.status is SequenceStatus.FINISHED for planned in plan.ops):
+            self._lingering = True
+            self.scheduler.unanswered = {planned.seq for planned in plan.ops
+                                         if planned.seq is not None}
+        else:
+            self._settle()
+
+    def _slot_awaits_answer(self) -> bool:
+        """Whether a sequence of the lingering Step would write, this iteration, a slot past
+        its mirrored table: only that Step's answer grants it (or refuses it, and then the
+        scheduler must plan for the sequence afresh)."""
+        block_size = self.scheduler.config.block_size
+        return any(seq.status is SequenceStatus.RUNNING
+                   and seq.capacity(block_size) <= seq.num_computed
+                   for seq in self.scheduler.unanswered)
+
+    def _settle(self, before: StepPlan | None = None) -> None:
+        """Mirrors the answer of the Step still in flight, if there is one. Within its own
+        iteration, once the tokens are recorded: a sequence that stopped at its token is
+        skipped, a preemption the answer makes keeps that token for the recomputation.
+        Past it (lingering), its pass is long done: the answer only updates the mirror, and
+        a reserve it refused is asked for again by the next plans (a sequence whose slot it
+        held was read before that slot's pass, see step()). `before`: the plan about to go out
+        with the next Step, whose work loses any sequence the answer ended."""
+        if self._in_flight is None:
+            return
+        plan, handle = self._in_flight
+        self._in_flight = None
+        if self._lingering:
+            self._lingering = False
+            self.scheduler.unanswered = set()
+            plan.work = []
+        self._apply(plan, handle.result())
+        if before is not None:
+            before.work = [(seq, chunk) for seq, chunk in before.work
+                           if seq.status is SequenceStatus.RUNNING]
+
+    def _drop_in_flight(self) -> None:
+        self._in_flight, self._lingering = None, False
+        self.scheduler.unanswered = set()
 
     def _start_masks(self, plan: StepPlan) -> TokenMasks:
         """Structured output's masks for the sequences this iteration samples (those whose
@@ -461,6 +530,7 @@ class Engine:
         with `generator`, which goes on drawing its later tokens."""
         request = parent.request
         prompt = request.prompt_token_ids
+        self._forked = True
         child = Sequence(f"{request.request_id}#{index}", request, index, prompt + [token],
                          len(prompt), generator=generator,
                          num_computed=len(prompt), num_reported=len(prompt),

@@ -88,6 +88,9 @@ class Scheduler:
         self.errored: list[Request] = []
         # The preempted beam search bringing its beams back in this iteration's plan.
         self._readmitting: Request | None = None
+        # Decoding sequences whose Append is in a Step the engine has not read yet (it
+        # lingers past its iteration, engine.py): they plan no other op until it is read.
+        self.unanswered: set[Sequence] = set()
 
     # -- requests in and out --------------------------------------------------------------------
 
@@ -208,6 +211,11 @@ class Scheduler:
 
     def _run(self, plan: StepPlan, seq: Sequence, budget: int) -> int:
         """Plans one running (or being-forked) sequence; returns the tokens it computes."""
+        if seq in self.unanswered:
+            # Its last Append asked for what it needs next, and the engine reads that answer
+            # before a pass that would write past the mirrored table.
+            plan.work.append((seq, 1))
+            return 1
         # Once per running sequence per iteration: the properties are spelt out.
         config = self.config
         uncomputed = len(seq.token_ids) - seq.num_computed

@@ -1,8 +1,9 @@
 """When an engine waits for its Step's answer. A Step the forward pass depends on (an
 admission) is read before the pass; any other stays in flight through the pass and the
-sampling, and is mirrored once the iteration's tokens are recorded, unless a beam search
-samples (its decision forks beams from what the Step records). Nothing sends a second Step
-while one is in flight."""
+sampling, unless a beam search samples (its decision forks beams from what the Step records).
+A Step of decoding sequences stays in flight past its iteration: it is read just before the
+next Step goes out, or before a pass writes a slot only its answer grants. Nothing sends a
+second Step while one is in flight."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -63,6 +64,21 @@ class Timeline:
         engine.allocator.submit, engine.runner.execute = submitted, executed
         engine.sampler.sample = sampled
 
+    def passes_in_flight(self) -> list[int]:
+        """For each Step read after a forward pass began: the passes that ran while it was
+        in flight."""
+        counts, passes = [], None
+        for event in self.events:
+            if event == "submit":
+                passes = 0
+            elif event == "pass" and passes is not None:
+                passes += 1
+            elif event == "answer":
+                if passes:
+                    counts.append(passes)
+                passes = None
+        return counts
+
     def iterations(self) -> list[list[str]]:
         """The events cut at every forward pass's Step (or at the pass, when none went)."""
         cut: list[list[str]] = []
@@ -110,3 +126,69 @@ def test_a_beam_search_reads_its_step_before_it_samples(checkpoint):
     assert timeline.most_in_flight == 1
     assert timeline.events.count("submit") == engine.num_steps
     assert audit_pool("local", engine.allocator.pool) == []
+
+
+def staggered_decode(checkpoint: Path, num_blocks: int = 256, max_tokens: int = 40,
+                     **options):
+    """Greedy requests whose prompts, of staggered lengths, make some sequence ask for a block
+    nearly every iteration: the engine, its timeline and the choices."""
+    engine = build_engine(checkpoint, EngineOptions(num_blocks=num_blocks, block_size=BLOCK,
+                                                    **options), LocalBlockAllocator())
+    timeline = Timeline(engine)
+    prompts = random_prompts(list(range(5, 5 + BLOCK)), seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    choices = [output.choices for output in generate(engine, prompts, [params] * len(prompts))]
+    assert timeline.most_in_flight == 1
+    assert not engine.allocator.pool.sequences
+    assert audit_pool("local", engine.allocator.pool) == []
+    return engine, timeline, choices
+
+
+def test_a_coalesced_step_is_read_just_before_the_next_goes_out(checkpoint):
+    """With Steps coalesced every 4th iteration, a decode's Step is read only when the next
+    one is sent: four passes ran while it was in flight, not one. The tokens are those of a
+    Step read every iteration."""
+    engine, timeline, choices = staggered_decode(checkpoint, step_interval=4)
+    _, _, every_iteration = staggered_decode(checkpoint, step_interval=1)
+    assert choices == every_iteration
+    # The admission's Step, read before its pass, is not counted; the last one is read when
+    # nothing is left to run.
+    # The last ones are read early, as requests finish and their Frees go out.
+    in_flight = timeline.passes_in_flight()
+    assert len(in_flight) > 8
+    assert in_flight.count(4) >= len(in_flight) - 2 and max(in_flight) == 4
+    events = timeline.events
+    reads = [index for index, event in enumerate(events) if event == "answer"]
+    assert all(index + 1 == len(events) or events[index + 1] == "submit"
+               for index in reads[1:])
+    assert engine.scheduler.num_stalls == 0
+
+
+def test_a_lone_decode_reads_its_step_when_its_reserve_runs_out(checkpoint):
+    """One sequence, Steps every 8th iteration at most: its Append reserves a whole block,
+    which it writes only once the block before is full, so the Step stays out for the
+    iterations its mirrored slots last, and is read before the pass that needs the new
+    block (no stall, the same tokens)."""
+    prompt, = random_prompts([9], seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)]
+    lone = engine_for(checkpoint, step_interval=8)
+    timeline = Timeline(lone)
+    tokens = generate(lone, [prompt], params)[0].choices
+    assert tokens == generate(engine_for(checkpoint, step_interval=1), [prompt],
+                              params)[0].choices
+    in_flight = timeline.passes_in_flight()
+    assert in_flight[:3] == [BLOCK] * 3
+    assert lone.scheduler.num_stalls == 0
+    assert audit_pool("local", lone.allocator.pool) == []
+
+
+def test_preemptions_with_steps_in_flight_give_the_same_tokens(checkpoint):
+    """A pool too small for every sequence: answers that refuse a reserve, read iterations
+    after their Step went out, lead to the preemptions a Step read at once leads to, and the
+    recomputed requests give the same tokens."""
+    engine, _, coalesced = staggered_decode(checkpoint, num_blocks=24, max_tokens=48,
+                                            step_interval=4)
+    assert engine.scheduler.num_preemptions > 0
+    _, _, every_iteration = staggered_decode(checkpoint, num_blocks=24, max_tokens=48,
+                                             step_interval=1)
+    assert coalesced == every_iteration
