@@ -30,6 +30,10 @@ Append waits. An executor then sends about one Step per K iterations instead of 
 every iteration (at 256 running sequences and block 16, some sequence needs a block almost
 every iteration).
 
+The engine reads a decode Step's answer only when it needs it (engine.py), so a sequence's
+Append may still be unanswered at the next plans: such a sequence (`unanswered`) decodes and
+plans no other op until the answer is read; its Append asked for what it needs next.
+
 A prompt chunk, a sequence being forked, and one whose last block may be shared (copy-on-write)
 always send their Append: a sequence never writes into a shared block without the allocator's
 copy instruction. With `sparse_steps` off every running sequence sends an Append every

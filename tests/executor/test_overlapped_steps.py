@@ -89,27 +89,36 @@ class Timeline:
         return cut
 
 
-def engine_for(checkpoint: Path, **options):
-    return build_engine(checkpoint, EngineOptions(num_blocks=256, block_size=BLOCK, **options),
-                        LocalBlockAllocator())
+def engine_for(checkpoint: Path, num_blocks: int = 256, **options):
+    return build_engine(checkpoint, EngineOptions(num_blocks=num_blocks, block_size=BLOCK,
+                                                  **options), LocalBlockAllocator())
+
+
+def staggered_decode(checkpoint: Path, num_blocks: int = 256, max_tokens: int = 40,
+                     **options):
+    """Greedy requests whose prompts, of staggered lengths, make some sequence ask for a block
+    nearly every iteration: the engine, its timeline and the choices."""
+    engine = engine_for(checkpoint, num_blocks, **options)
+    timeline = Timeline(engine)
+    prompts = random_prompts(list(range(5, 5 + BLOCK)), seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    choices = [output.choices for output in generate(engine, prompts, [params] * len(prompts))]
+    assert timeline.most_in_flight == 1
+    assert not engine.allocator.pool.sequences
+    assert audit_pool("local", engine.allocator.pool) == []
+    return engine, timeline, choices
 
 
 def test_a_decode_step_is_answered_after_the_tokens_are_sampled(checkpoint):
-    """Prompts of staggered lengths make some sequence ask for a block nearly every iteration
-    of a steady decode; those Steps are read only after the sampling. The admission's Step is
-    read before its pass."""
-    engine = engine_for(checkpoint)
-    timeline = Timeline(engine)
-    prompts = random_prompts(list(range(5, 5 + BLOCK)), seed=5)
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    generate(engine, prompts, [params] * len(prompts))
+    """Some sequence asks for a block nearly every iteration of this steady decode; those
+    Steps are read only after the sampling (just before the next goes out). The admission's
+    Step is read before its pass."""
+    _, timeline, _ = staggered_decode(checkpoint)
     iterations = timeline.iterations()
     assert iterations[0] == ["submit", "answer", "pass", "sample"]
     overlapped = [events for events in iterations[1:] if events[0] == "submit"]
     assert len(overlapped) > 20
     assert all(events == ["submit", "pass", "sample", "answer"] for events in overlapped[:-1])
-    assert timeline.most_in_flight == 1
-    assert audit_pool("local", engine.allocator.pool) == []
 
 
 def test_a_beam_search_reads_its_step_before_it_samples(checkpoint):
@@ -128,22 +137,6 @@ def test_a_beam_search_reads_its_step_before_it_samples(checkpoint):
     assert audit_pool("local", engine.allocator.pool) == []
 
 
-def staggered_decode(checkpoint: Path, num_blocks: int = 256, max_tokens: int = 40,
-                     **options):
-    """Greedy requests whose prompts, of staggered lengths, make some sequence ask for a block
-    nearly every iteration: the engine, its timeline and the choices."""
-    engine = build_engine(checkpoint, EngineOptions(num_blocks=num_blocks, block_size=BLOCK,
-                                                    **options), LocalBlockAllocator())
-    timeline = Timeline(engine)
-    prompts = random_prompts(list(range(5, 5 + BLOCK)), seed=5)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    choices = [output.choices for output in generate(engine, prompts, [params] * len(prompts))]
-    assert timeline.most_in_flight == 1
-    assert not engine.allocator.pool.sequences
-    assert audit_pool("local", engine.allocator.pool) == []
-    return engine, timeline, choices
-
-
 def test_a_coalesced_step_is_read_just_before_the_next_goes_out(checkpoint):
     """With Steps coalesced every 4th iteration, a decode's Step is read only when the next
     one is sent: four passes ran while it was in flight, not one. The tokens are those of a
@@ -151,9 +144,8 @@ def test_a_coalesced_step_is_read_just_before_the_next_goes_out(checkpoint):
     engine, timeline, choices = staggered_decode(checkpoint, step_interval=4)
     _, _, every_iteration = staggered_decode(checkpoint, step_interval=1)
     assert choices == every_iteration
-    # The admission's Step, read before its pass, is not counted; the last one is read when
-    # nothing is left to run.
-    # The last ones are read early, as requests finish and their Frees go out.
+    # The admission's Step, read before its pass, is not counted; the last ones are read
+    # sooner, as requests finish and their Frees go out.
     in_flight = timeline.passes_in_flight()
     assert len(in_flight) > 8
     assert in_flight.count(4) >= len(in_flight) - 2 and max(in_flight) == 4
