@@ -85,9 +85,6 @@ class Engine:
         # is needed (step()); whether its own iteration is over (it lingers).
         self._in_flight: tuple[StepPlan, StepHandle] | None = None
         self._lingering = False
-        # A fork was made in this iteration's sampling: its Fork, planned next, reads the
-        # parent's mirrored num_reported, so no Step of the parent may linger past it.
-        self._forked = False
 
     @classmethod
     def for_model(cls, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
@@ -244,7 +241,6 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         if self._lingering and self._slot_awaits_answer():
             self._settle()
-        self._forked = False
         plan = self.scheduler.plan()
         if not plan.ops and not plan.work:
             self._settle()  # nothing left to run: nothing to keep the answer out for
@@ -281,16 +277,17 @@ class Engine:
         return self._drain()
 
     def _linger_or_settle(self) -> None:
-        """At an iteration's end: keeps the Step in flight past it when only decoding
-        sequences' Appends (and Frees) are in it and nothing was forked, else mirrors its
-        answer now. A prompt's next chunk, a Fork and a beam's decision read the tables and
-        counts the answer updates; a decode reads them only once its reserve runs out.
-        Without sparse Steps every sequence appends every iteration, so the next Step is due
-        at once and nothing lingers."""
-        if self._in_flight is None or (self._lingering and not self._forked):
+        """At an iteration's end: keeps the Step in flight past it when only sequences now
+        decoding (or finished) have ops in it, else mirrors its answer now. A decode needs the
+        answer only once its mirrored slots run out; a prompt's next chunk is planned from
+        what the answer updates. A Fork planned while a parent's Append lingers is safe: the
+        Append's tokens were all recorded with the Allocate, and the lingering Step is read
+        (and reaches the allocator) before the Fork's. Without sparse Steps every sequence
+        appends every iteration, so the next Step is due at once and nothing lingers."""
+        if self._in_flight is None or self._lingering:
             return
         plan, _ = self._in_flight
-        if self.scheduler.config.sparse_steps and not self._forked and all(
+        if self.scheduler.config.sparse_steps and all(
                 planned.seq is None or planned.seq.is_decoding
                 or planned.seq.status is SequenceStatus.FINISHED for planned in plan.ops):
             self._lingering = True
@@ -530,7 +527,6 @@ class Engine:
         with `generator`, which goes on drawing its later tokens."""
         request = parent.request
         prompt = request.prompt_token_ids
-        self._forked = True
         child = Sequence(f"{request.request_id}#{index}", request, index, prompt + [token],
                          len(prompt), generator=generator,
                          num_computed=len(prompt), num_reported=len(prompt),

@@ -6,6 +6,7 @@ next Step goes out, or before a pass writes a slot only its answer grants. Nothi
 second Step while one is in flight."""
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from executor_service.engine.build import EngineOptions, build_engine
 from executor_service.engine.offline import generate
 from pagedserve.protocol.sampling_params import SamplingParams
 from tests.support.model_checkpoints import random_prompts, write_checkpoint
+from tests.support.shared_writes import shared_writes
 
 BLOCK = 16
 
@@ -184,3 +186,78 @@ def test_preemptions_with_steps_in_flight_give_the_same_tokens(checkpoint):
     _, _, every_iteration = staggered_decode(checkpoint, num_blocks=24, max_tokens=48,
                                              step_interval=1)
     assert coalesced == every_iteration
+
+
+@pytest.mark.parametrize("seed, num_blocks", [(0, 20), (1, 32)])
+def test_cancels_forks_beams_and_preemptions_with_steps_in_flight_free_every_block(
+        checkpoint, seed, num_blocks):
+    """Requests arriving and cancelled at random moments, some n > 1 or beam searches, in a
+    pool too small for them, with Steps coalesced every 4th iteration: whatever a Step still in
+    flight was for (a sequence cancelled, preempted or finished since), every request ends
+    without error and every block comes back."""
+    rng = random.Random(seed)
+    engine = engine_for(checkpoint, num_blocks, step_interval=4)
+    timeline = Timeline(engine)
+    made, errors = 0, []
+    for _ in range(240):
+        if made < 24 and rng.random() < 0.3:
+            prompt, = random_prompts([rng.randint(3, 60)], seed=rng.randint(0, 10**6))
+            kind = rng.random()
+            if kind < 0.1:
+                params = SamplingParams(beam_width=2, n=2, max_tokens=rng.randint(4, 30),
+                                        temperature=0, ignore_eos=True)
+            elif kind < 0.3:
+                params = SamplingParams(n=rng.choice([2, 3]), temperature=1.0, seed=made,
+                                        max_tokens=rng.randint(4, 50), ignore_eos=True)
+            else:
+                params = SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 60),
+                                        ignore_eos=True)
+            engine.add_request(f"r{made}", prompt, params)
+            made += 1
+        if engine.requests and rng.random() < 0.04:
+            engine.abort(rng.choice(sorted(engine.requests)))
+        errors += [output.error for output in engine.step() if output.error]
+    while engine.has_work():
+        errors += [output.error for output in engine.step() if output.error]
+    assert errors == []
+    assert engine.scheduler.num_preemptions > 0
+    assert timeline.most_in_flight == 1
+    assert not engine.allocator.pool.sequences
+    assert audit_pool("local", engine.allocator.pool) == []
+
+
+def test_choices_fork_while_the_step_of_their_prompts_last_chunk_is_in_flight(checkpoint):
+    """Prompts computed in chunks of 16 tokens, then forked into n = 3 choices: a prompt's last
+    chunk goes out in a Step of its own that may still be in flight when the choices are
+    forked (its tokens were recorded by the Allocate; it is read, and reaches the allocator,
+    before the Fork's Step). No choice writes into the block it shares with the others, and the
+    choices are those of Steps coalesced less."""
+    prompts = random_prompts([20, 33, 45], seed=12)
+    params = [SamplingParams(n=3, temperature=1.0, seed=index, max_tokens=20, ignore_eos=True)
+              for index in range(len(prompts))]
+    runs, forks_behind_a_step = [], []
+    for step_interval in (4, 2):
+        engine = engine_for(checkpoint, step_interval=step_interval, max_num_batched_tokens=16)
+        written_shared = shared_writes(engine)
+        forks_behind_a_step.append(count_forks_behind_a_step(engine))
+        runs.append([output.choices for output in generate(engine, prompts, params)])
+        assert written_shared == []
+        assert not engine.allocator.pool.sequences
+        assert audit_pool("local", engine.allocator.pool) == []
+    assert forks_behind_a_step[0] == [2]  # at interval 2 the Step is read before the forks
+    assert runs[0] == runs[1]
+
+
+def count_forks_behind_a_step(engine) -> list[int]:
+    """Wraps the scheduler's plan: how many children were forked from a parent whose last
+    Append was in a Step not read yet (one-element list, filled as the engine runs)."""
+    count, scheduler, plan = [0], engine.scheduler, engine.scheduler.plan
+
+    def counted():
+        count[0] += sum(seq.fork_parent in scheduler.unanswered
+                        for request in scheduler.running for seq in request.sequences
+                        if seq.fork_parent is not None)
+        return plan()
+
+    scheduler.plan = counted
+    return count

@@ -15,6 +15,7 @@ from executor_service.engine.request import SequenceStatus
 from pagedserve.protocol.block_ops import AppendOp
 from pagedserve.protocol.sampling_params import SamplingParams
 from tests.support.model_checkpoints import random_prompts, write_checkpoint
+from tests.support.shared_writes import shared_writes
 
 BLOCK = 16
 DECODING = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
@@ -43,25 +44,6 @@ class OpCounter:
             return submit(ops)
 
         engine.allocator.submit = counted
-
-
-def shared_writes(engine) -> list[tuple[str, int]]:
-    """Watches the engine's forward passes: the (sequence, block) of every slot written into a
-    block whose reference count, as the allocator's own pool says, is not 1."""
-    pool = engine.allocator.pool
-    written_shared: list[tuple[str, int]] = []
-    execute = engine.runner.execute
-
-    def checked(work, copies):
-        for seq, chunk in work:
-            for position in range(seq.num_computed, seq.num_computed + chunk):
-                block = seq.block_table[position // BLOCK]
-                if pool.blocks.blocks[block].ref_count != 1:
-                    written_shared.append((seq.seq_id, block))
-        return execute(work, copies)
-
-    engine.runner.execute = checked
-    return written_shared
 
 
 def decode_steadily(engine, num_seqs: int, prompt_len: int) -> None:
