@@ -5,8 +5,8 @@ A Step is "overlapped" when the engine ran its forward pass while the Step was i
 steady decode); the engine reads its answer when it needs it (once that pass's tokens are
 sampled, or, for decoding sequences' Appends, just before the next Step goes out or a pass
 writes a slot it grants: engine.py), and the answer is late (a stall) when it had not come by
-then. A Step the pass needed first (an admission, a
-fork, a copy-on-write, a sequence out of slots) is "blocking": the executor waits for all of it.
+then. A Step the pass needed first (an admission, a fork, a copy-on-write, a sequence out of
+slots) is "blocking": the executor waits for all of it.
 """
 from __future__ import annotations
 

@@ -5,11 +5,12 @@ A simulated executor sends its Step once it has sampled the last pass's tokens, 
 and planned the next iteration. A Step of decoding sequences is read just before the next Step
 goes out (with coalesced Steps, several iterations later) or before a pass that writes a slot
 it grants; any other once the next pass's tokens are sampled, so its slack is the iteration
-time less the executor's own CPU between the pass's end and the Step. A replayed Step stalls when its answer takes more than its slack
-plus 1 ms (replay.py), so at short iterations on a slow host the executor's CPU, not the
-allocator's load, can decide the stalls: at 5 ms on this 2-core host, when the answer was read
-at the pass's end, two in five overlapped Steps had under 2 ms (2026-11-28, architecture.md).
-A sweep reports it beside its stalls, so a reader can tell the two apart.
+time less the executor's own CPU between the pass's end and the Step. A replayed Step stalls
+when its answer takes more than its slack plus 1 ms (replay.py), so at short iterations on a
+slow host the executor's CPU, not the allocator's load, can decide the stalls: at 5 ms on this
+2-core host, when the answer was read at the pass's end, two in five overlapped Steps had
+under 2 ms (2026-11-28, architecture.md). A sweep reports it beside its stalls, so a reader can
+tell the two apart.
 """
 from __future__ import annotations
 

@@ -81,10 +81,9 @@ class Engine:
         # Iterations run, and Steps sent to the allocator (fewer: most decodes need none).
         self.num_iterations = 0
         self.num_steps = 0
-        # An overlapped Step and the plan it answers, from the forward pass until its answer
-        # is needed (step()); whether its own iteration is over (it lingers).
+        # A Step still in flight after its iteration (it lingers), and the plan it answers,
+        # until its answer is needed (step()).
         self._in_flight: tuple[StepPlan, StepHandle] | None = None
-        self._lingering = False
 
     @classmethod
     def for_model(cls, model: CausalLM, kv_cache: torch.Tensor, allocator: BlockAllocator,
@@ -239,7 +238,7 @@ class Engine:
     # -- one iteration --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        if self._lingering and self._slot_awaits_answer():
+        if self._in_flight is not None and self._slot_awaits_answer():
             self._settle()
         plan = self.scheduler.plan()
         if not plan.ops and not plan.work:
@@ -247,7 +246,7 @@ class Engine:
             return self._drain()
         self.num_iterations += 1
         # A steady decode mostly has nothing for the allocator: then no Step goes out at all.
-        handle = None
+        handle = overlapped = None
         if plan.ops:
             # One Step in flight at a time, answered in order: the one still out is read first.
             self._settle(before=plan)
@@ -265,7 +264,7 @@ class Engine:
             if handle is not None and plan.beams:
                 self._apply(plan, handle.result())
             elif handle is not None:
-                self._in_flight, self._lingering = (plan, handle), False
+                overlapped = handle
         try:
             self._report_prompt_scores(plan.work)
             if logits is not None:
@@ -273,28 +272,28 @@ class Engine:
         finally:
             # Even when sampling failed: the serving loop then fails the requests and goes
             # on, and the next iteration must not plan around an answer never mirrored.
-            self._linger_or_settle()
+            if overlapped is not None:
+                self._linger_or_mirror(plan, overlapped)
         return self._drain()
 
-    def _linger_or_settle(self) -> None:
-        """At an iteration's end: keeps the Step in flight past it when only sequences now
-        decoding (or finished) have ops in it, else mirrors its answer now. A decode needs the
-        answer only once its mirrored slots run out; a prompt's next chunk is planned from
-        what the answer updates. A Fork planned while a parent's Append lingers is safe: the
+    def _linger_or_mirror(self, plan: StepPlan, handle: StepHandle) -> None:
+        """At an iteration's end: keeps its Step in flight past it when only sequences now
+        decoding (or finished) have ops in it, else mirrors its answer now (the tokens are
+        recorded: a sequence that stopped at its token is skipped, a preemption the answer
+        makes keeps that token for the recomputation). A decode needs the answer only once its
+        mirrored slots run out; a prompt's next chunk is planned from what the answer updates.
+        A Fork planned while a parent's Append lingers is safe: the
         Append's tokens were all recorded with the Allocate, and the lingering Step is read
         (and reaches the allocator) before the Fork's. Without sparse Steps every sequence
         appends every iteration, so the next Step is due at once and nothing lingers."""
-        if self._in_flight is None or self._lingering:
-            return
-        plan, _ = self._in_flight
         if self.scheduler.config.sparse_steps and all(
                 planned.seq is None or planned.seq.is_decoding
                 or planned.seq.status is SequenceStatus.FINISHED for planned in plan.ops):
-            self._lingering = True
+            self._in_flight = (plan, handle)
             self.scheduler.unanswered = {planned.seq for planned in plan.ops
                                          if planned.seq is not None}
         else:
-            self._settle()
+            self._apply(plan, handle.result())
 
     def _slot_awaits_answer(self) -> bool:
         """Whether a sequence of the lingering Step would write, this iteration, a slot past
@@ -306,28 +305,23 @@ class Engine:
                    for seq in self.scheduler.unanswered)
 
     def _settle(self, before: StepPlan | None = None) -> None:
-        """Mirrors the answer of the Step still in flight, if there is one. Within its own
-        iteration, once the tokens are recorded: a sequence that stopped at its token is
-        skipped, a preemption the answer makes keeps that token for the recomputation.
-        Past it (lingering), its pass is long done: the answer only updates the mirror, and
-        a reserve it refused is asked for again by the next plans (a sequence whose slot it
-        held was read before that slot's pass, see step()). `before`: the plan about to go out
-        with the next Step, whose work loses any sequence the answer ended."""
+        """Mirrors the answer of the Step still in flight past its iteration, if there is one.
+        Its pass is long done: the answer only updates the mirror, and a reserve it refused is
+        asked for again by the next plans (a sequence whose slot it held was read before that
+        slot's pass, see step()). `before`: the plan about to go out with the next Step, whose
+        work loses any sequence the answer ended."""
         if self._in_flight is None:
             return
         plan, handle = self._in_flight
-        self._in_flight = None
-        if self._lingering:
-            self._lingering = False
-            self.scheduler.unanswered = set()
-            plan.work = []
+        self._drop_in_flight()
+        plan.work = []
         self._apply(plan, handle.result())
         if before is not None:
             before.work = [(seq, chunk) for seq, chunk in before.work
                            if seq.status is SequenceStatus.RUNNING]
 
     def _drop_in_flight(self) -> None:
-        self._in_flight, self._lingering = None, False
+        self._in_flight = None
         self.scheduler.unanswered = set()
 
     def _start_masks(self, plan: StepPlan) -> TokenMasks:
